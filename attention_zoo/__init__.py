@@ -1,0 +1,35 @@
+"""attention-zoo: efficient attention mechanisms behind one interface (pure PyTorch).
+
+>>> import attention_zoo as az
+>>> core = az.create_attention("full", dim_head=64, heads=8)
+>>> model = az.TransformerEncoder(vocab_size=256, dim=128, depth=2, heads=4, max_seq_len=512, attention="full")
+"""
+
+from attention_zoo import mechanisms  # noqa: F401  (registers every built-in mechanism)
+from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
+from attention_zoo.mha import MultiHeadAttention
+from attention_zoo.registry import (
+    attention_options,
+    create_attention,
+    get_attention_class,
+    list_attentions,
+    register_attention,
+)
+from attention_zoo.transformer import TransformerDecoder, TransformerEncoder
+
+__all__ = [
+    "AttentionCore",
+    "BuildContext",
+    "MultiHeadAttention",
+    "TransformerDecoder",
+    "TransformerEncoder",
+    "allowed_mask",
+    "attention_options",
+    "create_attention",
+    "get_attention_class",
+    "list_attentions",
+    "masked_softmax",
+    "pad_mask",
+    "register_attention",
+]

@@ -1,0 +1,121 @@
+"""Full softmax attention: the reference every other mechanism is measured against.
+
+Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762; in the notation of Linformer
+(Wang et al. 2020, arXiv:2006.04768) eq. (2):
+
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) = softmax(Q W_i^Q (K W_i^K)^T / sqrt(d_k)) V W_i^V = P V W_i^V
+
+with the context mapping matrix P in R^{n x n}. O(n^2) time and memory (the ``math`` backend
+materialises P; ``sdpa`` and ``xformers`` may use fused kernels that do not).
+
+Backends (option ``backend``):
+- ``"math"``: readable reference; :meth:`FullAttention.attention_probs` returns P for analysis.
+- ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient / math
+  kernels chosen by PyTorch per device and dtype).
+- ``"xformers"``: ``xformers.ops.memory_efficient_attention``, CUDA tensors only, needs the
+  ``xformers`` extra; asking for it without xformers installed raises at construction.
+- ``"auto"`` (default): ``sdpa``. SDPA already dispatches to the fastest fused kernel PyTorch has for
+  the device and dtype (FlashAttention-2 on recent GPUs); xformers is never picked implicitly because
+  it pins its own torch version and is absent from CPU installs.
+
+Every backend returns zeros, never NaN, for a query that may see no key (all keys padded, or causal
+with Nq > Nk). Causal attention with Nq != Nk is aligned to the end (query i sees keys
+j <= i + Nk - Nq), as in decoding with a key/value cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import Tensor
+
+from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys
+from attention_zoo.registry import register_attention
+
+Backend = Literal["auto", "math", "sdpa", "xformers"]
+
+
+def xformers_available() -> bool:
+    return importlib.util.find_spec("xformers") is not None
+
+
+@register_attention("full")
+class FullAttention(AttentionCore):
+    exact: ClassVar[bool] = True
+    example_configs = ({"backend": "math"}, {"backend": "sdpa"})
+
+    def __init__(
+        self,
+        *,
+        dim_head: int,
+        heads: int,
+        max_seq_len: int | None = None,
+        context: BuildContext | None = None,
+        backend: Backend = "auto",
+        dropout: float = 0.0,
+    ) -> None:
+        """``dropout`` applies to the attention probabilities P in training mode (0 = off)."""
+        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        if backend == "xformers" and not xformers_available():
+            raise ValueError(
+                "backend='xformers' needs the xformers package (pip install 'attention-zoo[xformers]', "
+                "CUDA only); available here: 'auto', 'math', 'sdpa'"
+            )
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.backend = "sdpa" if backend == "auto" else backend
+        self.dropout = dropout
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
+        # b: batch, h: heads, i: query positions, j: key positions, d: head dim
+        if self.backend == "math":
+            probs = self.attention_probs(q, k, mask=mask, causal=causal)
+            probs = F.dropout(probs, self.dropout, self.training)
+            return einsum(probs, v, "b h i j, b h j d -> b h i d")
+        nq, nk = q.shape[-2], k.shape[-2]
+        has_key = rows_with_keys(mask, causal, nq, nk, q.device)
+        if mask is None and (not causal or nq == nk):
+            allowed = None  # the kernels' own causal flag (top-left aligned) is exact when Nq == Nk
+        else:
+            allowed = allowed_mask(mask, causal, nq, nk, q.device)
+            if has_key is not None:
+                allowed = allowed | ~has_key  # let empty rows see every key, then zero them below
+            causal = False
+        if self.backend == "sdpa":
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
+            )
+        else:
+            out = _xformers_attention(q, k, v, allowed, causal, self.dropout if self.training else 0.0, self.scale)
+        return out if has_key is None else out * has_key
+
+    def attention_probs(self, q: Tensor, k: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """The context mapping matrix P = softmax(Q K^T / sqrt(d)), ``(B, H, Nq, Nk)``."""
+        scores = einsum(q, k, "b h i d, b h j d -> b h i j") * self.scale
+        return masked_softmax(scores, allowed_mask(mask, causal, q.shape[-2], k.shape[-2], q.device))
+
+
+def _xformers_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool, dropout: float, scale: float
+) -> Tensor:
+    import xformers.ops as xops
+
+    if q.device.type != "cuda":
+        raise ValueError(f"backend='xformers' runs on CUDA tensors only, got {q.device}; use 'sdpa' or 'math'")
+    bias = xops.LowerTriangularMask() if causal else None
+    if allowed is not None:
+        b, h, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        # xformers wants the bias's last dim padded to a multiple of 8 in memory, then sliced
+        padded = -(-nk // 8) * 8
+        storage = torch.zeros(b, h, nq, padded, dtype=q.dtype, device=q.device)[..., :nk]
+        bias = storage.masked_fill_(~allowed.expand(b, h, nq, nk), float("-inf"))
+    layout = "b h n d -> b n h d"
+    out = xops.memory_efficient_attention(
+        rearrange(q, layout), rearrange(k, layout), rearrange(v, layout), attn_bias=bias, p=dropout, scale=scale
+    )
+    return rearrange(out, "b n h d -> b h n d")

@@ -1,0 +1,59 @@
+"""Mask helpers: the one convention of the project is boolean, **True = attend / real token**.
+
+Key-padding masks are ``(B, Nk)``; dense "allowed" masks are ``(B | 1, 1, Nq, Nk)`` and broadcast over
+heads. Causal attention is aligned to the end: query ``i`` of ``Nq`` sits at position ``i + Nk - Nq``.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+
+def causal_allowed(nq: int, nk: int, device: torch.device | str | None = None) -> Tensor:
+    """``(Nq, Nk)`` bool, True where key ``j <= i + (Nk - Nq)``."""
+    q_pos = torch.arange(nq, device=device) + (nk - nq)
+    return q_pos[:, None] >= torch.arange(nk, device=device)[None, :]
+
+
+def allowed_mask(mask: Tensor | None, causal: bool, nq: int, nk: int, device: torch.device) -> Tensor | None:
+    """Dense ``(B | 1, 1, Nq, Nk)`` bool of which keys each query may see; ``None`` if all of them."""
+    allowed = None
+    if mask is not None:
+        allowed = rearrange(mask, "b j -> b 1 1 j")
+    if causal:
+        tri = rearrange(causal_allowed(nq, nk, device), "i j -> 1 1 i j")
+        allowed = tri if allowed is None else allowed & tri
+    return allowed
+
+
+def rows_with_keys(mask: Tensor | None, causal: bool, nq: int, nk: int, device: torch.device) -> Tensor | None:
+    """``(B | 1, 1, Nq, 1)`` bool, False for queries that may see no key at all; ``None`` if every query
+    sees at least one. Costs O(B N), never a dense mask."""
+    if not causal:
+        if mask is None:
+            return None
+        has = rearrange(mask.any(dim=-1), "b -> b 1 1 1")
+        return None if bool(has.all()) else has.expand(-1, 1, nq, 1)
+    last_key = torch.arange(nq, device=device) + (nk - nq)  # the last key each query may see
+    if mask is None:
+        has = (last_key >= 0)[None, :]
+    else:
+        seen_real = mask.cumsum(dim=-1) > 0  # (B, Nk): some real key at or before j
+        has = (last_key >= 0)[None, :] & seen_real[:, last_key.clamp(min=0)]
+    return None if bool(has.all()) else rearrange(has, "b i -> b 1 i 1")
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Tensor:
+    """Softmax over ``dim`` where ``allowed`` is False contributes nothing; rows with nothing allowed
+    give zeros (never NaN, and no NaN gradient)."""
+    if allowed is None:
+        return scores.softmax(dim=dim)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=dim) * allowed.any(dim=dim, keepdim=True)
+
+
+def pad_mask(lengths: Tensor, n: int) -> Tensor:
+    """``(B, n)`` bool, True for the first ``lengths[b]`` positions (real tokens)."""
+    return torch.arange(n, device=lengths.device)[None, :] < rearrange(lengths, "b -> b 1")

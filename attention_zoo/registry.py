@@ -1,0 +1,167 @@
+"""The attention registry: one decorator, one factory, one listing.
+
+Options of a mechanism are the keyword-only parameters of its ``__init__`` beyond the ones every core
+takes (:data:`COMMON_PARAMETERS`); their type hints are the validation, so there is no parallel config.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, Union
+
+from attention_zoo.core import AttentionCore, BuildContext
+
+__all__ = [
+    "COMMON_PARAMETERS",
+    "OptionSpec",
+    "attention_options",
+    "create_attention",
+    "get_attention_class",
+    "list_attentions",
+    "register_attention",
+]
+
+COMMON_PARAMETERS = ("dim_head", "heads", "max_seq_len", "context")
+
+_REGISTRY: dict[str, type[AttentionCore]] = {}
+
+CoreT = TypeVar("CoreT", bound=type[AttentionCore])
+
+
+def register_attention(name: str) -> Callable[[CoreT], CoreT]:
+    """Class decorator: make an :class:`AttentionCore` subclass available under ``name``."""
+
+    def wrap(cls: CoreT) -> CoreT:
+        if name in _REGISTRY:
+            raise ValueError(f"attention {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
+        if not (isinstance(cls, type) and issubclass(cls, AttentionCore)):
+            raise TypeError(f"@register_attention({name!r}) needs an AttentionCore subclass, got {cls!r}")
+        for option in attention_options(cls):
+            if option.kind != inspect.Parameter.KEYWORD_ONLY:
+                raise TypeError(f"{cls.__qualname__}: option {option.name!r} must be keyword-only")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def list_attentions() -> list[str]:
+    """Registered mechanism names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_attention_class(name: str) -> type[AttentionCore]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown attention {name!r}; known: {', '.join(list_attentions())}") from None
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    name: str
+    annotation: Any
+    default: Any
+    kind: inspect._ParameterKind
+
+    @property
+    def required(self) -> bool:
+        return self.default is inspect.Parameter.empty
+
+    def type_name(self) -> str:
+        return _type_name(self.annotation)
+
+
+def attention_options(cls: type[AttentionCore]) -> list[OptionSpec]:
+    """The options a mechanism accepts, in signature order, with their resolved type hints."""
+    hints = typing.get_type_hints(cls.__init__)
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [
+        OptionSpec(p.name, hints.get(p.name, Any), p.default, p.kind)
+        for p in params
+        if p.name != "self" and p.name not in COMMON_PARAMETERS and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+
+
+def create_attention(
+    name: str,
+    *,
+    dim_head: int,
+    heads: int,
+    max_seq_len: int | None = None,
+    context: BuildContext | None = None,
+    **options: Any,
+) -> AttentionCore:
+    """Build the core registered as ``name``; unknown or ill-typed options raise ``ValueError``."""
+    cls = get_attention_class(name)
+    specs = {spec.name: spec for spec in attention_options(cls)}
+    unknown = sorted(set(options) - set(specs))
+    if unknown:
+        raise ValueError(f"attention {name!r} has no option {', '.join(map(repr, unknown))}; {describe_options(cls)}")
+    for key, value in options.items():
+        spec = specs[key]
+        if not _matches(value, spec.annotation):
+            raise ValueError(
+                f"attention {name!r}: option {key}={value!r} is not a valid {spec.type_name()}; {describe_options(cls)}"
+            )
+    missing = [s.name for s in specs.values() if s.required and s.name not in options]
+    if missing:
+        raise ValueError(f"attention {name!r} needs option(s) {', '.join(missing)}; {describe_options(cls)}")
+    return cls(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, **options)
+
+
+def describe_options(cls: type[AttentionCore]) -> str:
+    specs = attention_options(cls)
+    if not specs:
+        return "it takes no options"
+    return "valid options: " + ", ".join(
+        f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in specs
+    )
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` fits the type hint (Literal, unions, containers, plain classes)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args, strict=True))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if hint is type(None):
+        return "None"
+    if origin is not None:
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(hint, "__name__", str(hint))

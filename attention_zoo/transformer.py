@@ -1,0 +1,222 @@
+"""Pre-norm Transformer encoder and decoder that take any registered attention core by name.
+
+Pre-norm residual blocks (Xiong et al. 2020, arXiv:2002.04745): x + Attn(LN(x)), x + FF(LN(x)), and a
+final LayerNorm. Every layer builds its own core from the one attention spec; cores that share state
+across layers (Linformer's layerwise projection) keep it in ``shared_attention_state``, owned here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from attention_zoo.core import BuildContext
+from attention_zoo.mha import MultiHeadAttention
+
+Positional = Literal["learned", "sinusoidal"]
+
+
+class PositionalEmbedding(nn.Module):
+    """Learned absolute positions, or the fixed sinusoids of Vaswani et al. 2017 (section 3.5)."""
+
+    def __init__(self, dim: int, max_seq_len: int, kind: Positional = "learned") -> None:
+        super().__init__()
+        self.max_seq_len = max_seq_len
+        self.kind = kind
+        if kind == "learned":
+            self.table = nn.Embedding(max_seq_len, dim)
+            nn.init.normal_(self.table.weight, std=0.02)
+        elif kind == "sinusoidal":
+            position = torch.arange(max_seq_len, dtype=torch.float32)[:, None]
+            inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+            table = torch.zeros(max_seq_len, dim)
+            table[:, 0::2] = torch.sin(position * inv_freq)
+            table[:, 1::2] = torch.cos(position * inv_freq[: dim // 2])
+            self.register_buffer("sinusoids", table, persistent=False)
+        else:
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {kind!r}")
+
+    def forward(self, n: int) -> Tensor:
+        if n > self.max_seq_len:
+            raise ValueError(f"sequence length {n} exceeds max_seq_len={self.max_seq_len} of the position embedding")
+        return self.table.weight[:n] if self.kind == "learned" else self.sinusoids[:n]
+
+
+class FeedForward(nn.Sequential):
+    def __init__(self, dim: int, mult: int = 4, dropout: float = 0.0) -> None:
+        super().__init__(
+            nn.Linear(dim, dim * mult), nn.GELU(), nn.Dropout(dropout), nn.Linear(dim * mult, dim), nn.Dropout(dropout)
+        )
+
+
+class _Backbone(nn.Module):
+    """Token + position embedding, then ``depth`` layers, then LayerNorm; shared by encoder and decoder."""
+
+    def __init__(
+        self, vocab_size: int, dim: int, depth: int, max_seq_len: int, positional: Positional, dropout: float
+    ) -> None:
+        super().__init__()
+        if min(vocab_size, dim, depth, max_seq_len) < 1:
+            raise ValueError(
+                f"vocab_size, dim, depth, max_seq_len must be >= 1; got {vocab_size}, {dim}, {depth}, {max_seq_len}"
+            )
+        self.max_seq_len = max_seq_len
+        self.token_embedding = nn.Embedding(vocab_size, dim)
+        nn.init.normal_(self.token_embedding.weight, std=0.02)
+        self.position_embedding = PositionalEmbedding(dim, max_seq_len, positional)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.norm = nn.LayerNorm(dim)
+        #: state cores share across layers (e.g. one Linformer projection for the whole model)
+        self.shared_attention_state = nn.ModuleDict()
+
+    def context(self, layer_index: int, depth: int) -> BuildContext:
+        return BuildContext(layer_index=layer_index, num_layers=depth, shared=self.shared_attention_state)
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (B, N) integer ids, got shape {tuple(tokens.shape)}")
+        return self.embedding_dropout(self.token_embedding(tokens) + self.position_embedding(tokens.shape[1]))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, ff_mult: int, dropout: float, **attention: Any) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(dim)
+        self.attn = MultiHeadAttention(dim, heads, dropout=dropout, **attention)
+        self.ff_norm = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim, ff_mult, dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), mask=mask)
+        return x + self.ff(self.ff_norm(x))
+
+
+class TransformerEncoder(_Backbone):
+    """``forward(tokens (B, N), mask (B, N) bool | None) -> hidden states (B, N, dim)``."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        max_seq_len: int,
+        *,
+        attention: str = "full",
+        attention_options: dict[str, Any] | None = None,
+        dim_head: int | None = None,
+        ff_mult: int = 4,
+        dropout: float = 0.0,
+        positional: Positional = "learned",
+        causal: bool = False,
+    ) -> None:
+        super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                dim,
+                heads,
+                ff_mult,
+                dropout,
+                attention=attention,
+                attention_options=attention_options,
+                dim_head=dim_head,
+                max_seq_len=max_seq_len,
+                causal=causal,
+                context=self.context(i, depth),
+            )
+            for i in range(depth)
+        )
+
+    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+        # b: batch, n: positions
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        heads: int,
+        ff_mult: int,
+        dropout: float,
+        self_attention: dict[str, Any],
+        cross_attention: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        self.self_norm = nn.LayerNorm(dim)
+        self.self_attn = MultiHeadAttention(dim, heads, dropout=dropout, causal=True, **self_attention)
+        self.cross_norm = nn.LayerNorm(dim)
+        self.cross_attn = MultiHeadAttention(dim, heads, dropout=dropout, cross_attention=True, **cross_attention)
+        self.ff_norm = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim, ff_mult, dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, memory_mask: Tensor | None) -> Tensor:
+        x = x + self.self_attn(self.self_norm(x), mask=mask)
+        x = x + self.cross_attn(self.cross_norm(x), memory, mask=memory_mask)
+        return x + self.ff(self.ff_norm(x))
+
+
+class TransformerDecoder(_Backbone):
+    """Causal self-attention (``attention``, must support causal) + cross-attention to an encoder's
+    output (``cross_attention``, default full) + feed-forward, per layer.
+
+    ``forward(tokens (B, N), memory (B, M, dim), mask (B, N) | None, memory_mask (B, M) | None)``
+    returns hidden states (B, N, dim).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        heads: int,
+        max_seq_len: int,
+        *,
+        attention: str = "full",
+        attention_options: dict[str, Any] | None = None,
+        cross_attention: str = "full",
+        cross_attention_options: dict[str, Any] | None = None,
+        memory_max_seq_len: int | None = None,
+        dim_head: int | None = None,
+        ff_mult: int = 4,
+        dropout: float = 0.0,
+        positional: Positional = "learned",
+    ) -> None:
+        super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                dim,
+                heads,
+                ff_mult,
+                dropout,
+                self_attention=dict(
+                    attention=attention,
+                    attention_options=attention_options,
+                    dim_head=dim_head,
+                    max_seq_len=max_seq_len,
+                    context=self.context(i, depth),
+                ),
+                cross_attention=dict(
+                    attention=cross_attention,
+                    attention_options=cross_attention_options,
+                    dim_head=dim_head,
+                    max_seq_len=memory_max_seq_len,
+                ),
+            )
+            for i in range(depth)
+        )
+
+    def forward(
+        self, tokens: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None
+    ) -> Tensor:
+        # b: batch, n: target positions, m: source positions
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, memory, mask, memory_mask)
+        return self.norm(x)

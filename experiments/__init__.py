@@ -1,0 +1,1 @@
+"""Benchmark and comparison harness for attention-zoo (imports only ``attention_zoo`` and ``tasks``)."""

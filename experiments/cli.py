@@ -1,0 +1,32 @@
+"""The ``zoo`` command: ``zoo <command> [args]``; each command lives in its own module, imported lazily
+so that ``zoo list`` never pays for Lightning."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+#: command -> (module, function taking argv, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "list": ("experiments.listing", "main", "every registered attention with its capabilities and options"),
+    "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: zoo <command> [args]\n\ncommands:")
+        for name, (_, _, text) in COMMANDS.items():
+            print(f"  {name:<10} {text}")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"zoo: unknown command {command!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module, function, _ = COMMANDS[command]
+    return getattr(importlib.import_module(module), function)(rest) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

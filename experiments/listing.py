@@ -1,0 +1,45 @@
+"""``zoo list``: every registered mechanism, its capabilities, options (with defaults) and caveats."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+import attention_zoo as az
+from attention_zoo.registry import attention_options
+
+CAPABILITIES = (
+    "supports_causal",
+    "supports_mask",
+    "supports_cross_attention",
+    "needs_shared_qk",
+    "requires_max_seq_len",
+    "exact",
+)
+
+
+def rows() -> list[dict[str, str]]:
+    out = []
+    for name in az.list_attentions():
+        cls = az.get_attention_class(name)
+        options = ", ".join(
+            f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in attention_options(cls)
+        )
+        caps = {c: ("yes" if getattr(cls, c) else "no") for c in CAPABILITIES}
+        out.append({"name": name, **caps, "options": options or "-", "notes": cls.notes or "-"})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="zoo list", description=__doc__)
+    parser.parse_args(argv)
+    table = Table(title="registered attention mechanisms", show_lines=True)
+    headers = ["name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "options", "notes"]
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    for row in rows():
+        table.add_row(row["name"], *(row[c] for c in CAPABILITIES), row["options"], row["notes"])
+    Console().print(table)
+    return 0

@@ -1,0 +1,59 @@
+"""Shared helpers for the conformance suite: every registered mechanism, every example config."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+import attention_zoo as az
+
+HEADS, DIM_HEAD, MAX_SEQ_LEN = 2, 8, 64
+
+
+def cases() -> list[tuple[str, dict]]:
+    return [
+        (name, options) for name in az.list_attentions() for options in az.get_attention_class(name).example_configs
+    ]
+
+
+def case_id(case: tuple[str, dict]) -> str:
+    name, options = case
+    return name + ("" if not options else "[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]")
+
+
+def build(name: str, options: dict, dtype: torch.dtype = torch.float64) -> az.AttentionCore:
+    torch.manual_seed(0)
+    core = az.create_attention(name, dim_head=DIM_HEAD, heads=HEADS, max_seq_len=MAX_SEQ_LEN, **options)
+    return core.to(dtype).eval()
+
+
+def qkv(
+    core: az.AttentionCore, b: int, n: int, *, nk: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    nk = n if nk is None else nk
+    q = torch.randn(b, HEADS, n, DIM_HEAD, generator=generator, dtype=dtype)
+    k = torch.randn(b, HEADS, nk, DIM_HEAD, generator=generator, dtype=dtype)
+    v = torch.randn(b, HEADS, nk, DIM_HEAD, generator=generator, dtype=dtype)
+    if core.needs_shared_qk:
+        k = q
+    return q, k, v
+
+
+def perturbed(core: az.AttentionCore, q: Tensor, k: Tensor, v: Tensor, where: Tensor, seed: int = 1):
+    """Copies of q, k, v with fresh random content at sequence positions where ``where`` (B, N) is True."""
+    generator = torch.Generator().manual_seed(seed)
+    select = where[:, None, :, None]
+
+    def noise(t: Tensor) -> Tensor:
+        return torch.where(select, 10 * torch.randn(t.shape, generator=generator, dtype=t.dtype), t)
+
+    q2, v2 = noise(q), noise(v)
+    k2 = q2 if core.needs_shared_qk else noise(k)
+    return q2, k2, v2
+
+
+def as_dtype(core: az.AttentionCore, dtype: torch.dtype) -> az.AttentionCore:
+    return copy.deepcopy(core).to(dtype)

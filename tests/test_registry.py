@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+import attention_zoo as az
+from attention_zoo import registry
+from attention_zoo.core import AttentionCore
+
+
+def test_full_is_registered():
+    assert "full" in az.list_attentions()
+    assert az.list_attentions() == sorted(az.list_attentions())
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(ValueError, match=r"unknown attention 'fulll'; known: .*full"):
+        az.create_attention("fulll", dim_head=8, heads=2)
+
+
+def test_unknown_option_names_valid_options():
+    with pytest.raises(ValueError, match=r"no option 'backnd'.*valid options: backend: .* = 'auto'"):
+        az.create_attention("full", dim_head=8, heads=2, backnd="math")
+
+
+def test_literal_and_type_checks():
+    with pytest.raises(ValueError, match=r"backend='flash' is not a valid 'auto' \| 'math'"):
+        az.create_attention("full", dim_head=8, heads=2, backend="flash")
+    with pytest.raises(ValueError, match=r"dropout='0.1' is not a valid float"):
+        az.create_attention("full", dim_head=8, heads=2, dropout="0.1")
+    assert az.create_attention("full", dim_head=8, heads=2, dropout=0).dropout == 0
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
+def test_duplicate_registration_is_an_error(scratch_registry):
+    with pytest.raises(ValueError, match="already registered"):
+        az.register_attention("full")(type("Again", (AttentionCore,), {}))
+
+
+def test_options_must_be_keyword_only(scratch_registry):
+    class Positional(AttentionCore):
+        def __init__(self, window, *, dim_head, heads, max_seq_len=None, context=None):
+            super().__init__(dim_head=dim_head, heads=heads)
+
+    with pytest.raises(TypeError, match="keyword-only"):
+        az.register_attention("positional_option")(Positional)
+
+
+def test_required_option_and_container_types(scratch_registry):
+    @az.register_attention("needs_window")
+    class NeedsWindow(AttentionCore):
+        def __init__(
+            self,
+            *,
+            dim_head: int,
+            heads: int,
+            max_seq_len: int | None = None,
+            context=None,
+            window: int,
+            sizes: list[int] | int = 4,
+            mode: Literal["a", "b"] = "a",
+        ) -> None:
+            super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+
+    with pytest.raises(ValueError, match="needs option"):
+        az.create_attention("needs_window", dim_head=8, heads=2)
+    az.create_attention("needs_window", dim_head=8, heads=2, window=3, sizes=[1, 2])
+    with pytest.raises(ValueError, match="sizes"):
+        az.create_attention("needs_window", dim_head=8, heads=2, window=3, sizes=[1, "2"])
+    with pytest.raises(ValueError, match="window=True"):
+        az.create_attention("needs_window", dim_head=8, heads=2, window=True)
+
+
+def test_requires_max_seq_len(scratch_registry):
+    @az.register_attention("bounded")
+    class Bounded(AttentionCore):
+        requires_max_seq_len = True
+
+    with pytest.raises(ValueError, match="needs max_seq_len"):
+        az.create_attention("bounded", dim_head=8, heads=2)
+    assert az.create_attention("bounded", dim_head=8, heads=2, max_seq_len=16).max_seq_len == 16
+
+
+def test_input_validation_messages():
+    core = az.create_attention("full", dim_head=8, heads=2)
+    import torch
+
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match=r"mask must be bool \(B, Nk\)"):
+        core(q, q, q, mask=torch.ones(1, 5))
+    with pytest.raises(ValueError, match="built for heads=2"):
+        core(q[:, :1], q[:, :1], q[:, :1])
+    with pytest.raises(ValueError, match=r"must be \(B, H, N, D\)"):
+        core(q[0], q[0], q[0])
