@@ -9,6 +9,7 @@ import sys
 #: command -> (module, function taking argv, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "list": ("experiments.listing", "main", "every registered attention with its capabilities and options"),
+    "targets": ("experiments.targets", "main", "measure the CPU performance targets against full attention"),
     "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
 }
 

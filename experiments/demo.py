@@ -8,10 +8,10 @@ import argparse
 import time
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 import attention_zoo as az
+from experiments.console import console
 
 
 def measure(name: str, options: dict, n: int, heads: int, dim_head: int, repeats: int) -> tuple[float, float]:
@@ -55,5 +55,5 @@ def main(argv: list[str]) -> int:
                 table.add_row(name, str(options), f"{ms:.2f}", f"{error:.3g}")
             except ValueError as exc:  # an example config that does not fit this input size
                 table.add_row(name, str(options), "-", f"skipped: {exc}")
-    Console().print(table)
+    console().print(table)
     return 0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
 from rich.table import Table
 
 import attention_zoo as az
 from attention_zoo.registry import attention_options
+from experiments.console import console
 
 CAPABILITIES = (
     "supports_causal",
@@ -41,5 +41,5 @@ def main(argv: list[str]) -> int:
         table.add_column(header, overflow="fold")
     for row in rows():
         table.add_row(row["name"], *(row[c] for c in CAPABILITIES), row["options"], row["notes"])
-    Console().print(table)
+    console().print(table)
     return 0
