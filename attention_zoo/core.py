@@ -44,7 +44,8 @@ class AttentionCore(nn.Module):
     needs_shared_qk: ClassVar[bool] = False
     #: construction fails without ``max_seq_len`` (e.g. learned ``k x n`` projections)
     requires_max_seq_len: ClassVar[bool] = False
-    #: the core is exact: it equals full softmax attention on every input it accepts
+    #: no approximation: softmax attention computed exactly over the keys the core lets each query see
+    #: (all keys for ``full``; the declared pattern for the sparse family)
     exact: ClassVar[bool] = False
     #: small option sets (for n of a few dozen tokens, ``max_seq_len=64``) under which the
     #: mechanism's approximate or chunked path really runs; the conformance suite and the demo use them
@@ -111,9 +112,10 @@ class AttentionCore(nn.Module):
                     f"{name}: mask must be bool (B, Nk) = ({b}, {nk}) with True = real token; "
                     f"got {mask.dtype} {tuple(mask.shape)}"
                 )
-        if self.max_seq_len is not None and max(nq, nk) > self.max_seq_len:
+        if self.max_seq_len is not None and nk > self.max_seq_len:
+            # bounds the key side: what max_seq_len sizes (e.g. Linformer's k x n projections)
             raise ValueError(
-                f"{name}: sequence length {max(nq, nk)} exceeds max_seq_len={self.max_seq_len} "
+                f"{name}: key length {nk} exceeds max_seq_len={self.max_seq_len} "
                 "it was built for; rebuild it with a larger max_seq_len"
             )
 

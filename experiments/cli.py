@@ -9,8 +9,13 @@ import sys
 #: command -> (module, function taking argv, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "list": ("experiments.listing", "main", "every registered attention with its capabilities and options"),
-    "targets": ("experiments.targets", "main", "measure the CPU performance targets against full attention"),
+    "targets": ("experiments.targets", "main", "measure the CPU performance targets (= zoo bench --check-targets)"),
+    "bench": ("experiments.bench", "main", "time, memory and FLOP/s of mechanisms across lengths vs full attention"),
     "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
+    "compare": ("experiments.compare", "main", "train one task once per attention; summary table, CSV and plots"),
+    "fit": ("tasks.cli", "run_fit", "train a task (LightningCLI; zoo fit -c configs/listops.yaml --help)"),
+    "validate": ("tasks.cli", "run_validate", "evaluate a checkpoint on the validation split"),
+    "test": ("tasks.cli", "run_test", "evaluate a checkpoint on the test split"),
 }
 
 

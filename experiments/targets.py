@@ -1,22 +1,22 @@
-"""``zoo targets``: the project's CPU performance targets, measured against full attention.
+"""The project's CPU performance targets, checked on ``zoo bench`` measurements (``zoo bench
+--check-targets``; ``zoo targets`` is the same command).
 
 Protocol (the issues' wording): CPU, one thread (these machines throttle a second busy thread), the
 attention core alone, B=1, H=8, D=64, float32, forward+backward, minimum of repeats, speedup over
-``full`` with the SDPA backend measured in the same process; linear scaling as
-time(n=8192) / time(n=2048) <= 5.
+``full`` with the SDPA backend at n = 4096; linear scaling as time(n=8192) / time(n=2048) <= 5.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
 from dataclasses import dataclass, field
+from typing import Any
 
-import torch
 from rich.table import Table
 
 import attention_zoo as az
-from experiments.console import console
+from experiments.bench_cases import Case
+
+SPEEDUP_N, SCALING_NS = 4096, (2048, 8192)
 
 
 @dataclass(frozen=True)
@@ -35,59 +35,60 @@ TARGETS: tuple[Target, ...] = (
 )
 
 
-def fwd_bwd_seconds(
-    attention: str,
-    options: dict,
-    n: int,
-    *,
-    batch: int = 1,
-    heads: int = 8,
-    dim_head: int = 64,
-    repeats: int = 5,
-    causal: bool = False,
-) -> float:
-    """Minimum over ``repeats`` of one forward+backward of the core alone (after one warm-up)."""
-    torch.manual_seed(0)
-    core = az.create_attention(attention, dim_head=dim_head, heads=heads, max_seq_len=n, **options)
-    q, k, v = (torch.randn(batch, heads, n, dim_head, requires_grad=True) for _ in range(3))
-    if core.needs_shared_qk:
-        k = q
-    grad = torch.randn(batch, heads, n, dim_head)
-    best = float("inf")
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        core(q, k, v, causal=causal).backward(grad)
-        elapsed = time.perf_counter() - start
-        if i:  # the first call warms up allocator and caches
-            best = min(best, elapsed)
-        q.grad = k.grad = v.grad = None
-    return best
+def protocol_case(attention: str, options: dict[str, Any], n: int, threads: int) -> Case:
+    return Case(
+        attention=attention,
+        options=dict(options),
+        level="core",
+        mode="fwd+bwd",
+        dtype="float32",
+        device="cpu",
+        seq_len=n,
+        batch=1,
+        heads=8,
+        dim_head=64,
+        threads=threads,
+        causal=False,
+    )
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="zoo targets", description=__doc__)
-    parser.add_argument("--attentions", default="", help="comma-separated subset (default: every target)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    wanted = {a for a in args.attentions.split(",") if a}
+def selected(names: set[str] | None) -> list[Target]:
+    """The targets of registered mechanisms, restricted to ``names`` when given."""
     known = set(az.list_attentions())
-    table = Table(title=f"performance targets (CPU, {args.threads} thread(s), fwd+bwd, B=1 H=8 D=64 fp32)")
+    return [t for t in TARGETS if t.attention in known and (not names or t.attention in names)]
+
+
+def target_cases(names: set[str] | None, threads: int) -> list[Case]:
+    cases = [protocol_case("full", {}, SPEEDUP_N, threads)]
+    for target in selected(names):
+        ns = (SCALING_NS[0], SPEEDUP_N, SCALING_NS[1]) if target.max_scaling is not None else (SPEEDUP_N,)
+        cases += [protocol_case(target.attention, target.options, n, threads) for n in ns]
+    return cases
+
+
+def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threads: int) -> Table:
+    """``rows``: the store's latest row per case key."""
+
+    def best_ms(attention: str, options: dict[str, Any], n: int) -> float | None:
+        row = rows.get(protocol_case(attention, options, n, threads).key())
+        return row["time_ms_min"] if row and row["status"] == "ok" else None
+
+    table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, min)")
     for header in ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target", "met"):
         table.add_column(header)
-    full_ms = fwd_bwd_seconds("full", {"backend": "sdpa"}, 4096, repeats=args.repeats) * 1e3
-    for target in TARGETS:
-        if (wanted and target.attention not in wanted) or target.attention not in known:
+    full_ms = best_ms("full", {}, SPEEDUP_N)
+    for target in selected(names):
+        ms = best_ms(target.attention, target.options, SPEEDUP_N)
+        if ms is None or full_ms is None:
+            row = rows.get(protocol_case(target.attention, target.options, SPEEDUP_N, threads).key(), {})
+            table.add_row(target.attention, str(target.options), "-", "-", "-", "-", "-", "-", row.get("status", "-"))
             continue
-        ms = fwd_bwd_seconds(target.attention, target.options, 4096, repeats=args.repeats) * 1e3
         speedup = full_ms / ms
         met = target.min_speedup is None or speedup >= target.min_speedup
         scaling = "-"
         if target.max_scaling is not None:
-            ratio = fwd_bwd_seconds(target.attention, target.options, 8192, repeats=args.repeats) / (
-                fwd_bwd_seconds(target.attention, target.options, 2048, repeats=args.repeats)
-            )
+            short, long = (best_ms(target.attention, target.options, n) for n in SCALING_NS)
+            ratio = long / short if short and long else float("nan")
             scaling = f"{ratio:.2f}"
             met = met and ratio <= target.max_scaling
         table.add_row(
@@ -96,10 +97,16 @@ def main(argv: list[str]) -> int:
             f"{full_ms:.1f}",
             f"{ms:.1f}",
             f"{speedup:.2f}x",
-            f">= {target.min_speedup}x",
+            f">= {target.min_speedup}x" if target.min_speedup else "-",
             scaling,
             f"<= {target.max_scaling}" if target.max_scaling else "-",
             "yes" if met else "NO",
         )
-    console().print(table)
-    return 0
+    return table
+
+
+def main(argv: list[str]) -> int:
+    """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``."""
+    from experiments import bench
+
+    return bench.main(["--check-targets", *argv])

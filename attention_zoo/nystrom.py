@@ -1,0 +1,243 @@
+"""Nystrom attention: softmax attention through m landmarks and a Moore-Penrose pseudo-inverse.
+
+Xiong et al. 2021, "Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention", AAAI 2021,
+arXiv:2102.03902 (https://arxiv.org/abs/2102.03902). Notation of the paper's Algorithm 1; the labels (N1)-(N5)
+are this file's (the paper's own equation numbers are not in the sources this project keeps):
+
+    (N1) landmarks by Segment-means: q~_j = mean of the queries in segment j, k~_j likewise (j = 1..m)
+    (N2) F~ = softmax(Q K~^T / sqrt(d_q))  (n x m),  A~ = softmax(Q~ K~^T / sqrt(d_q))  (m x m),
+         B~ = softmax(Q~ K^T / sqrt(d_q))  (m x n)
+    (N3) S^ V = F~ A~^+ (B~ V)  approximates  softmax(Q K^T / sqrt(d_q)) V
+    (N4) A~^+ by the iteration of Razavi et al. 2014 that the paper adopts,
+         Z_{j+1} = 1/4 Z_j (13 I - A~ Z_j (15 I - A~ Z_j (7 I - A~ Z_j))),
+    (N5) started from Z_0 = A~^T / (||A~||_1 ||A~||_inf).
+
+Complexity O(n m d + m^3) time and O(n m + n d) memory: F~ is n x m, B~ is m x n, A~^+ is m x m, and B~ V
+is formed before A~^+ touches it, so nothing n x n ever exists. ``pinv="exact"`` replaces (N4)-(N5) with
+``torch.linalg.pinv`` (an SVD), the reference for the iteration.
+
+Choices where the paper is silent (it assumes n divisible by m and no padding):
+
+- Segments over real tokens. Segment j of a sequence with L real tokens holds the real tokens of rank
+  r = 0..L-1 (in position order) with floor(r m / L) = j, and its landmark is their plain mean. For n = l m
+  without padding this is exactly the paper's l-token segments; otherwise segment sizes differ by at most
+  one and each mean divides by its own count. Padding n up to a multiple of m instead would leave
+  segments empty (n = 17, m = 8: segments of 3 leave two of eight empty). Padded tokens take part in no
+  landmark and in no softmax, so a sequence's output does not depend on its padding's content or length,
+  nor on the rest of the batch.
+- m > L (or a sequence with no real token): each real token is its own landmark; the empty segments are
+  left out of F~ and A~ (masked columns, and an identity block in A~ that F~ never reads, so the
+  pseudo-inverse of the real block is unchanged). With m = n and the exact pseudo-inverse the output is
+  full attention exactly: F~ = A~ = B~ = S and S S^+ S = S.
+- Precision: B~ V runs in the input dtype; A~, its pseudo-inverse and the product F~ (A~^+ B~ V) run in
+  float32 for bf16/fp16 input (float64 for float64), and the core turns autocast off inside, so the same
+  holds under autocast. The scale of (N5) is per matrix (per batch element and head); the reference code
+  divides by the largest column sum over the whole batch, which makes one sequence's output depend on the
+  others in its batch.
+- ``conv_kernel_size``: the paper's depthwise convolution skip on V (kernel 33 in its experiments), along
+  the sequence, one filter per head, V's padded tokens zeroed first.
+- Not causal: every landmark averages a whole segment, so a query would see its segment's future; a
+  causal variant is not in the paper (xformers shipped one that leaked the future). Self-attention only:
+  the padding mask must also mark which queries build landmarks, and the convolution skip maps V onto the
+  query positions, both of which need Nq == Nk.
+
+Accuracy (float64, n = 64, d = 8, mean relative error vs full attention over 4 seeds, tests/test_nystrom.py):
+m = 4, 8, 16, 32, 64 gives 0.73, 0.64, 0.49, 0.38, 0.04 on Gaussian q, k and 0.43, 0.25, 0.12, 0.07, 0.04
+on q, k that drift along the sequence. The 0.04 at m = n is the 6-step iteration: there A~ = S, whose
+condition number is 1e3-1e4, and 20 steps reach round-off. Negative result: the exact pseudo-inverse is
+*not* a better approximation. With near-singular A~ (close landmarks) it amplifies the mismatch between
+F~, A~ and B~: relative errors above 1 on Gaussian inputs and 1e2-1e5 on drifting ones for 4 <= m <= 32;
+the truncated iteration acts as a regularised inverse. ``"exact"`` is a reference, not a setting to train.
+
+Speed: F~ and B~ go through :class:`SoftmaxProduct`, a block of heads at a time, so the n x m scores and
+their gradient stay in cache. ``zoo targets`` (1 thread, B = 1, H = 8, D = 64, m = 64, fp32, fwd+bwd, the
+machine shared with other jobs): 67-82 ms at n = 4096, 14.9-18.6x full attention with SDPA (the issue
+quotes 13.6x for the official core); time(8192) / time(2048) = 2.5-3.5.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+from einops import einsum, rearrange, reduce
+from torch import Tensor, nn
+
+from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.masks import masked_softmax
+from attention_zoo.registry import register_attention
+
+PinvMethod = Literal["iterative", "exact"]
+
+
+def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
+    """Moore-Penrose pseudo-inverse of each ``(..., m, m)`` matrix by (N4), started from (N5).
+
+    ||A||_1 ||A||_inf is taken per matrix, so a matrix gets the same result alone as in a batch. Runs in
+    ``a``'s dtype; callers pass float32 or float64.
+    """
+    norms = torch.linalg.matrix_norm(a, ord=1) * torch.linalg.matrix_norm(a, ord=float("inf"))
+    z = a.transpose(-1, -2) / rearrange(norms, "... -> ... 1 1")
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    for _ in range(iterations):
+        az = a @ z
+        z = z @ (3.25 * eye - 0.25 * az @ (15 * eye - az @ (7 * eye - az)))  # the 1/4 moved into the bracket
+    return z
+
+
+def segment_layout(mask: Tensor | None, n: int, m: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Which landmark segment each position belongs to (see the module docstring).
+
+    Returns ``segment`` (B | 1, n) in 0..m, where m marks a padded token that joins no segment, and
+    ``counts`` (B | 1, m), the number of real tokens in each segment.
+    """
+    real = torch.ones(1, n, dtype=torch.bool, device=device) if mask is None else mask
+    rank = real.cumsum(dim=-1) - 1
+    length = real.sum(dim=-1, keepdim=True).clamp(min=1)
+    segment = torch.where(real, rank * m // length, m)
+    counts = torch.zeros(real.shape[0], m + 1, dtype=torch.long, device=device).scatter_add_(1, segment, real.long())
+    return segment, counts[:, :m]
+
+
+# scores per block of heads: 2^18 float32 = 1 MiB, so scores, probabilities and their gradient stay in L2
+BLOCK_ELEMENTS = 1 << 18
+
+
+def head_blocks(batch: int, heads: int, per_head: int) -> list[tuple[slice, slice]]:
+    """(batch, head) slices with about ``BLOCK_ELEMENTS / per_head`` heads each: whole batch elements when
+    they fit, else a run of heads within one batch element (so every slice of a contiguous tensor is too)."""
+    count = max(1, BLOCK_ELEMENTS // per_head)
+    if count >= heads:
+        step = count // heads
+        return [(slice(b, b + step), slice(None)) for b in range(0, batch, step)]
+    return [(slice(b, b + 1), slice(h, h + count)) for b in range(batch) for h in range(0, heads, count)]
+
+
+class SoftmaxProduct(torch.autograd.Function):
+    """``masked_softmax(x y^T, allowed) u`` for ``x: (B, H, r, d)``, ``y: (B, H, c, d)``, ``u: (B, H, c, e)``,
+    ``allowed`` broadcastable to ``(B, 1, r, c)``; rows with nothing allowed give zeros.
+
+    Autograd on the same expression batches all heads at once, so every r x c temporary (scores,
+    probabilities, their gradients) goes through main memory; here a block of heads at a time keeps them in
+    cache, and only the probabilities are kept for backward. Backward is not differentiable again.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, u: Tensor, allowed: Tensor | None) -> Tensor:
+        (batch, heads, rows, _), cols = x.shape, y.shape[-2]
+        probs = x.new_empty(batch, heads, rows, cols)
+        out = x.new_empty(batch, heads, rows, u.shape[-1])
+        for block in head_blocks(batch, heads, rows * cols):
+            block_allowed = allowed if allowed is None or allowed.shape[0] == 1 else allowed[block[0]]
+            probs[block] = masked_softmax(x[block] @ y[block].transpose(-1, -2), block_allowed)
+            torch.matmul(probs[block], u[block], out=out[block])
+        ctx.save_for_backward(x, y, u, probs, out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, y, u, probs, out = ctx.saved_tensors
+        dx, dy, du = x.new_empty(x.shape), y.new_empty(y.shape), u.new_empty(u.shape)
+        for block in head_blocks(x.shape[0], x.shape[1], probs.shape[-2] * probs.shape[-1]):
+            p, g = probs[block], grad[block]
+            # softmax backward dS = P (dP - rowsum(dP P)), with rowsum(dP P) = rowsum(grad out)
+            d_scores = (g @ u[block].transpose(-1, -2)).sub_((g * out[block]).sum(-1, keepdim=True)).mul_(p)
+            torch.matmul(d_scores, y[block], out=dx[block])
+            torch.matmul(d_scores.transpose(-1, -2), x[block], out=dy[block])
+            torch.matmul(p.transpose(-1, -2), g, out=du[block])
+        return dx, dy, du, None
+
+
+@register_attention("nystrom")
+class NystromAttention(AttentionCore):
+    supports_causal: ClassVar[bool] = False
+    supports_cross_attention: ClassVar[bool] = False
+    example_configs = (
+        {"num_landmarks": 4},
+        {"num_landmarks": 8},
+        {"num_landmarks": 8, "conv_kernel_size": 3},
+        {"num_landmarks": 8, "pinv": "exact"},
+    )
+    notes: ClassVar[str] = (
+        "not causal (landmarks average whole segments); self-attention only; pinv='exact' is a reference: "
+        "on near-singular A~ it amplifies errors, the 6-step iteration regularises"
+    )
+
+    def __init__(
+        self,
+        *,
+        dim_head: int,
+        heads: int,
+        max_seq_len: int | None = None,
+        context: BuildContext | None = None,
+        num_landmarks: int = 64,
+        pinv_iterations: int = 6,
+        pinv: PinvMethod = "iterative",
+        conv_kernel_size: int | None = None,
+    ) -> None:
+        """``num_landmarks``: m in (N1); ``pinv_iterations``: steps of (N4) (``pinv="iterative"`` only; the
+        paper uses 6); ``pinv``: ``"iterative"`` (N4)-(N5) or ``"exact"`` (``torch.linalg.pinv``);
+        ``conv_kernel_size``: odd kernel of the depthwise convolution skip on V, or None (off)."""
+        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        if num_landmarks < 1:
+            raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
+        if pinv_iterations < 1:
+            raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
+        if conv_kernel_size is not None and (conv_kernel_size < 1 or conv_kernel_size % 2 == 0):
+            raise ValueError(
+                f"conv_kernel_size must be a positive odd int (the paper uses 33) or None, got {conv_kernel_size}"
+            )
+        self.num_landmarks = num_landmarks
+        self.pinv_iterations = pinv_iterations
+        self.pinv = pinv
+        self.conv = None
+        if conv_kernel_size is not None:
+            self.conv = nn.Conv2d(
+                heads, heads, (conv_kernel_size, 1), padding=(conv_kernel_size // 2, 0), groups=heads, bias=False
+            )
+
+    @classmethod
+    def causal_alternative(cls) -> str:
+        return (
+            "Its landmarks average whole segments of the sequence, so every query would see later tokens. "
+            + super().causal_alternative()
+        )
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
+        # b: batch, h: heads, n: positions, i/j: landmarks, d: head dim
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        with torch.autocast(q.device.type, enabled=False):
+            q_land, k_land, present = self.landmarks(q, k, mask)
+            keys = None if mask is None else rearrange(mask, "b n -> b 1 1 n")
+            landmarks = None if present is None else rearrange(present, "b j -> b 1 1 j")
+            # the 1/sqrt(d) goes on the m x d landmarks, never on an n x d or n x m tensor
+            bv = SoftmaxProduct.apply(q_land * self.scale, k, v, keys)  # B~ V
+            q_land, k_land = q_land.to(work), k_land.to(work)
+            a = masked_softmax(einsum(q_land * self.scale, k_land, "b h i d, b h j d -> b h i j"), landmarks)
+            if present is not None:  # empty landmarks: zero rows, and an identity block that F~ never reads
+                a = a * rearrange(present, "b i -> b 1 i 1") + torch.diag_embed(rearrange(~present, "b i -> b 1 i"))
+            z = iterative_pinv(a, self.pinv_iterations) if self.pinv == "iterative" else torch.linalg.pinv(a)
+            out = SoftmaxProduct.apply(q.to(work), k_land * self.scale, z @ bv.to(work), landmarks)  # F~ (A~^+ B~ V)
+            out = out.to(q.dtype)
+        if self.conv is not None:
+            out = out + self.conv(v if mask is None else v * rearrange(mask, "b n -> b 1 n 1"))
+        return out
+
+    def landmarks(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Segment means (N1) of q and k, ``(B, H, m, D)``, and which segments hold a real token (``None``:
+        all of them)."""
+        n, m = q.shape[-2], self.num_landmarks
+        if mask is None and n % m == 0:
+            # sum, then divide the small result: einops' "mean" makes autograd write a permuted n x d gradient
+            # and copy it again (3 ms per tensor at n = 4096, H = 8, D = 64)
+            means = [reduce(t, "b h (j l) d -> b h j d", "sum", j=m) * (m / n) for t in (q, k)]
+            return means[0], means[1], None
+        segment, counts = segment_layout(mask, n, m, q.device)
+        index = rearrange(segment, "b n -> b 1 n 1").expand(q.shape[0], q.shape[1], n, q.shape[3])
+        sizes = rearrange(counts.clamp(min=1), "b j -> b 1 j 1")
+        means = [
+            t.new_zeros(*t.shape[:2], m + 1, t.shape[3]).scatter_add(2, index, t)[:, :, :m] / sizes for t in (q, k)
+        ]
+        present = counts > 0
+        return means[0], means[1], None if bool(present.all()) else present

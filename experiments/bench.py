@@ -1,0 +1,137 @@
+"""``zoo bench``: time, memory and FLOP/s of attention mechanisms across sequence lengths, against full
+attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table layouts) + PNG + TensorBoard.
+
+  zoo bench --attentions full,linformer:k=128 --seq-lens 512,1024 --mode fwd+bwd
+  zoo bench --config experiments/linformer_table3.yaml --out runs/linformer_table3
+  zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
+
+Every flag is also a YAML key of ``--config`` (underscores for dashes); flags win over the file. List
+flags take comma-separated values; a mechanism config is ``name:opt=value,opt=value``. Without
+``--attentions`` every registered mechanism runs, with its performance-target options where the
+project has a target for it, else its defaults, else its first example config (tiny: a test config).
+``full`` (SDPA backend) is added as the baseline when the sweep lacks it. A rerun with the same
+``--out`` resumes: cases already in ``results.jsonl`` are skipped (``--retry-failed`` redoes failures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+import torch
+from rich.markdown import Markdown
+
+import attention_zoo as az
+from experiments import bench_tables, targets
+from experiments.bench_cases import AttentionSpec, BenchConfig, expand, load_config
+from experiments.bench_report import write_outputs
+from experiments.bench_runner import Runner
+from experiments.bench_store import ResultStore
+from experiments.console import console
+
+#: short spellings of list flags (``--mode fwd+bwd`` reads as well as ``--modes``)
+ALIASES = {"modes": "--mode", "dtypes": "--dtype", "levels": "--level"}
+
+
+def _comma_list(item: type) -> Any:
+    return lambda text: [item(v) for v in text.split(",") if v]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zoo bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", help="YAML sweep file (keys: the flags below, with underscores)")
+    hints = typing.get_type_hints(BenchConfig)
+    for spec in dataclasses.fields(BenchConfig):
+        flags = ["--" + spec.name.replace("_", "-")] + ([ALIASES[spec.name]] if spec.name in ALIASES else [])
+        hint, text = hints[spec.name], spec.metadata["help"]
+        options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text}
+        if spec.name == "attentions":
+            options["type"] = str
+        elif hint is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(hint) is list:
+            options["type"] = _comma_list(typing.get_args(hint)[0])
+        else:
+            options["type"] = next(t for t in (int, float, str) if t in (hint, *typing.get_args(hint)))
+        parser.add_argument(*flags, dest=spec.name, **options)
+    parser.add_argument(
+        "--out", help="results directory, reused = resumed (default runs/bench; runs/targets with --check-targets)"
+    )
+    parser.add_argument("--retry-failed", action="store_true", help="rerun cases whose status is not ok")
+    parser.add_argument("--report-only", action="store_true", help="only redraw tables and plots from --out")
+    parser.add_argument(
+        "--check-targets",
+        action="store_true",
+        help="run the performance-target cases (of the --attentions named, default all) and print them",
+    )
+    return parser
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def default_attentions() -> list[AttentionSpec]:
+    """One config per registered mechanism (see the module docstring for which)."""
+    target_options = {t.attention: t.options for t in targets.TARGETS}
+    specs = []
+    for name in az.list_attentions():
+        cls = az.get_attention_class(name)
+        if name in target_options:
+            options = target_options[name]
+        elif all(not s.required for s in az.attention_options(cls)):
+            options = {}
+        else:
+            options = cls.example_configs[0]
+        specs.append(AttentionSpec(name, dict(options)))
+    return specs
+
+
+def with_baseline(config: BenchConfig) -> BenchConfig:
+    if not config.attentions:
+        config = dataclasses.replace(config, attentions=default_attentions())
+    if any(bench_tables.is_baseline({"attention": s.attention, "options": s.options}) for s in config.attentions):
+        return config
+    console().print("adding full (SDPA backend) as the baseline")
+    return dataclasses.replace(config, attentions=[AttentionSpec("full"), *config.attentions])
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    fields = {f.name for f in dataclasses.fields(BenchConfig)}
+    overrides = {k: v for k, v in vars(args).items() if k in fields}
+    config = load_config(args.config, overrides)
+    out = console()
+    if args.check_targets:
+        names = {s.attention for s in config.attentions} if "attentions" in overrides else None
+        cases = [c for t in config.threads for c in targets.target_cases(names, t)]
+        device = "cpu"
+    else:
+        config = with_baseline(config)
+        device = resolve_device(config.device)
+        cases = expand(config, device)
+    args.out = args.out or ("runs/targets" if args.check_targets else "runs/bench")
+    store = ResultStore(args.out)
+    if not args.report_only:
+        Runner(config, store, device).run(cases, retry_failed=args.retry_failed)
+    paths = write_outputs(store)
+    latest = store.latest()
+    if args.check_targets:
+        for threads in config.threads:
+            out.print(targets.targets_table(latest, names, threads))
+    else:
+        keys = {c.key() for c in cases}
+        swept = [row for key, row in latest.items() if key in keys]
+        out.print(Markdown(bench_tables.nystromformer_table(swept)))
+        out.print(Markdown("**Crossover**\n\n" + bench_tables.crossover_table(swept)))
+    out.print(
+        f"wrote {paths['jsonl']}, {paths['csv']}, {paths['markdown']}, {len(paths['plots'])} plot(s) "
+        f"in {args.out}/plots, TensorBoard logs in {paths['tensorboard']}"
+    )
+    return 0

@@ -1,0 +1,246 @@
+"""Measuring one :class:`~experiments.bench_cases.Case`: build the workload, time it, read its peak memory.
+
+Also the worker: ``python -m experiments.bench_measure`` reads one job (JSON) on stdin and prints one
+result line, so that the runner can give every case a fresh process (memory isolation; an OOM or a
+crash ends that case only).
+
+Time: ``warmup`` untimed calls, then ``repeats`` timed ones (median, min, max). CPU: ``perf_counter``
+around each call. CUDA: a pair of CUDA events around each call, read after ``end.synchronize()``.
+
+Memory (``memory_method`` in every result) is that of one more call after the timed ones, so lazy
+initialisation (kernel caches, code pages of the shared libraries) is not counted:
+- ``cuda-max-allocated``: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; what
+  PyTorch's caching allocator handed out, not what it reserved from the driver.
+- ``rss-hwm`` (Linux): glibc's ``malloc_trim(0)`` first returns malloc's free pages to the system (else
+  the call could reuse them unseen), then the resident set's high-water mark ``VmHWM`` is reset through
+  ``/proc/self/clear_refs``; the result is ``VmHWM`` after the call minus ``VmRSS`` before it. Caveats:
+  it counts whole pages and every allocation of the process (oneDNN scratch, Python objects), not only
+  tensors; a block freed during the call and reused by a later allocation is counted once, which is the
+  true peak of live memory but not the sum of the allocations.
+
+``peak_mb`` is that growth above the workload's inputs and parameters (and what persists between
+calls); ``total_mb`` counts them as well (growth above the process after imports): the max-batch search
+checks ``total_mb`` against the memory budget.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import attention_zoo as az
+from attention_zoo.transformer import EncoderLayer
+from experiments.bench_cases import Case
+
+RESULT_MARKER = "BENCH_RESULT "
+STATUS_FILE = Path("/proc/self/status")  # Linux
+_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if STATUS_FILE.exists() else None
+MIB = 2**20
+
+
+def _status_kib(field: str) -> int:
+    for line in STATUS_FILE.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def build_step(case: Case) -> Callable[[], None]:
+    """One call of the workload in the case's mode (inputs and parameters are built here, untimed)."""
+    # b: batch, h: heads, n: positions, d: head dim
+    torch.manual_seed(0)
+    device, dtype = torch.device(case.device), getattr(torch, case.dtype)
+    train = case.mode == "fwd+bwd"
+    b, n = case.batch, case.seq_len
+    attention = dict(attention=case.attention, attention_options=case.options, dim_head=case.dim_head)
+    model: nn.Module
+    if case.level == "core":
+        model = az.create_attention(
+            case.attention, dim_head=case.dim_head, heads=case.heads, max_seq_len=n, **case.options
+        )
+        q, k, v = (torch.randn(b, case.heads, n, case.dim_head, device=device, dtype=dtype) for _ in range(3))
+        inputs = [t.requires_grad_(train) for t in (q, k, v)]
+        if model.needs_shared_qk:
+            inputs[1] = inputs[0]
+        forward = lambda: model(*inputs, causal=case.causal)
+        out_shape = (b, case.heads, n, case.dim_head)
+    elif case.level in ("mha", "layer"):
+        if case.level == "mha":
+            model = az.MultiHeadAttention(case.dim, case.heads, max_seq_len=n, causal=case.causal, **attention)
+        else:
+            model = EncoderLayer(
+                case.dim, case.heads, case.ff_mult, 0.0, max_seq_len=n, causal=case.causal, **attention
+            )
+        inputs = [torch.randn(b, n, case.dim, device=device, dtype=dtype, requires_grad=train)]
+        forward = lambda: model(inputs[0])
+        out_shape = (b, n, case.dim)
+    else:
+        model = az.TransformerEncoder(
+            case.vocab_size, case.dim, case.depth, case.heads, n, ff_mult=case.ff_mult, causal=case.causal, **attention
+        )
+        inputs = []
+        tokens = torch.randint(0, case.vocab_size, (b, n), device=device)
+        forward = lambda: model(tokens)
+        out_shape = (b, n, case.dim)
+    model.to(device=device, dtype=dtype).train(train)
+    if not train:
+
+        def step() -> None:
+            with torch.inference_mode():
+                forward()
+
+        return step
+    grad = torch.randn(out_shape, device=device, dtype=dtype)
+
+    def step() -> None:
+        forward().backward(grad)
+        model.zero_grad(set_to_none=True)
+        for t in inputs:
+            t.grad = None
+
+    return step
+
+
+def time_calls(step: Callable[[], None], warmup: int, repeats: int, device: str) -> list[float]:
+    """Seconds per timed call."""
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(repeats):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            seconds.append(start.elapsed_time(end) / 1e3)
+        else:
+            begin = time.perf_counter()
+            step()
+            seconds.append(time.perf_counter() - begin)
+    return seconds
+
+
+def measure_case(case: Case, *, repeats: int, warmup: int) -> dict[str, Any]:
+    """Time and peak memory of ``case``, or the status that stopped it (never raises)."""
+    cuda = case.device == "cuda"
+    method = "cuda-max-allocated" if cuda else ("rss-hwm" if STATUS_FILE.exists() else "unavailable")
+    try:
+        if cuda and not torch.cuda.is_available():
+            return {"status": "unsupported", "detail": "CUDA is not available on this machine"}
+        torch.set_num_threads(case.threads)
+        start_bytes = _allocated_bytes(method)
+        step = build_step(case)
+        seconds = time_calls(step, warmup, repeats, case.device)
+        # memory of one more, warm call: lazy initialisation and code pages are behind us
+        if method == "rss-hwm" and _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)  # hand malloc's free pages back, so the call cannot reuse them unseen
+        base_bytes = _allocated_bytes(method)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        elif method == "rss-hwm":
+            Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak RSS to the current RSS
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+            peak_bytes = torch.cuda.max_memory_allocated()
+        else:
+            peak_bytes = _status_kib("VmHWM") * 1024 if method == "rss-hwm" else math.nan
+    except Exception as exc:  # the sweep records why a case failed and goes on
+        status = classify(exc)
+        return {"status": status, "detail": _detail(exc, status)}
+    return {
+        "status": "ok",
+        "detail": "",
+        "time_ms_median": statistics.median(seconds) * 1e3,
+        "time_ms_min": min(seconds) * 1e3,
+        "time_ms_max": max(seconds) * 1e3,
+        "peak_mb": (peak_bytes - base_bytes) / MIB,
+        "total_mb": (peak_bytes - start_bytes) / MIB,
+        "memory_method": method,
+    }
+
+
+def _allocated_bytes(method: str) -> float:
+    if method == "cuda-max-allocated":
+        torch.cuda.synchronize()
+        return torch.cuda.memory_allocated()
+    return _status_kib("VmRSS") * 1024 if method == "rss-hwm" else math.nan
+
+
+def classify(exc: BaseException) -> str:
+    """``oom``, ``unsupported`` (the mechanism or dtype refuses this case) or ``error``."""
+    text = str(exc)
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or any(
+        s in text for s in ("can't allocate memory", "out of memory", "Cannot allocate memory")
+    ):
+        return "oom"
+    if isinstance(exc, ValueError) or (
+        isinstance(exc, (RuntimeError, NotImplementedError)) and "not implemented" in text
+    ):
+        return "unsupported"
+    return "error"
+
+
+def _detail(exc: BaseException, status: str) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if status == "error":
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        return f"{type(exc).__name__}: {first} ({Path(frame.filename).name}:{frame.lineno})"
+    return f"{type(exc).__name__}: {first}"
+
+
+def measure_peak_tflops(device: str, dtype: str, threads: int) -> float:
+    """Best of a few large square matmuls: the device's practical peak for this dtype, TFLOP/s."""
+    torch.set_num_threads(threads)
+    size = 8192 if device == "cuda" else 1024
+    a, b = (torch.randn(size, size, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    seconds = time_calls(lambda: a @ b, 2, 5, device)
+    return 2 * size**3 / min(seconds) / 1e12
+
+
+def apply_memory_budget(device: str, budget_bytes: int | None) -> None:
+    """Make allocations beyond the budget fail here instead of inviting the kernel's OOM killer.
+
+    CPU: ``RLIMIT_AS`` = the address space after imports + budget. Address space exceeds resident
+    memory (reserved but untouched pages count), so the limit is conservative. CUDA: the caching
+    allocator's per-process fraction of the device."""
+    if budget_bytes is None:
+        return
+    if device == "cuda":
+        if torch.cuda.is_available():
+            total = torch.cuda.get_device_properties(0).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total))
+        return
+    limit = _status_kib("VmSize") * 1024 + budget_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def worker_main() -> int:
+    """Job on stdin: ``{"case": {...}, "repeats", "warmup", "memory_budget_bytes"}`` or
+    ``{"peak": {"device", "dtype", "threads"}}``; one ``BENCH_RESULT {...}`` line on stdout."""
+    job = json.loads(sys.stdin.read())
+    if "peak" in job:
+        result: dict[str, Any] = {"peak_tflops": measure_peak_tflops(**job["peak"])}
+    else:
+        case = Case(**job["case"])
+        apply_memory_budget(case.device, job.get("memory_budget_bytes"))
+        result = measure_case(case, repeats=job["repeats"], warmup=job["warmup"])
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

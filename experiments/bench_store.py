@@ -1,0 +1,132 @@
+"""A sweep's results on disk, safe against a kill at any moment, and the machine they came from.
+
+``results.jsonl`` is the source of truth: one JSON object per finished case (its parameters, what was
+measured, ``machine``). Each line goes out in one ``os.write`` on an ``O_APPEND`` descriptor, then
+``fsync``. A kill mid-write can at worst leave a last line without its newline: opening the store cuts
+that fragment off (and says so) before anything is appended, and a line that does not parse is
+skipped. ``results.csv`` is rebuilt from it into a temporary file renamed over the old one.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import platform
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.bench_cases import Case
+
+CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
+
+
+def case_of(row: dict[str, Any]) -> Case:
+    return Case(**{name: row[name] for name in CASE_FIELDS})
+
+
+class ResultStore:
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / "results.jsonl"
+        self.rows: list[dict[str, Any]] = self._load()
+
+    def _load(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            warnings.warn(f"{self.path}: dropping a half-written last line ({len(data) - keep} bytes)", stacklevel=3)
+            with open(self.path, "r+b") as handle:
+                handle.truncate(keep)
+                os.fsync(handle.fileno())
+            data = data[:keep]
+        rows = []
+        for number, line in enumerate(data.decode().splitlines(), 1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                warnings.warn(f"{self.path}:{number}: skipping a line that is not JSON", stacklevel=3)
+        return rows
+
+    def append(self, row: dict[str, Any]) -> None:
+        line = (json.dumps(row, sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.rows.append(row)
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """The last row recorded for each case key (a retried case replaces its earlier result)."""
+        return {case_of(row).key(): row for row in self.rows}
+
+    def write_csv(self) -> Path:
+        rows = [_flat(row) for row in self.latest().values()]
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        path = self.out_dir / "results.csv"
+        temporary = path.with_suffix(".csv.tmp")
+        with open(temporary, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+        return path
+
+
+def _flat(row: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in row.items():
+        if key == "machine":
+            out.update({f"machine.{k}": v for k, v in value.items()})
+        elif isinstance(value, (dict, list)):
+            out[key] = json.dumps(value, sort_keys=True)
+        else:
+            out[key] = value
+    return out
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """What a reader needs to judge the numbers: device, CPU, memory, versions."""
+    info: dict[str, Any] = {
+        "device": device,
+        "device_name": _cpu_model() if device == "cpu" else torch.cuda.get_device_name(0),
+        "cpu_model": _cpu_model(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            cuda=torch.version.cuda,
+            gpu_memory_gb=round(props.total_memory / 2**30, 1),
+            compute_capability=f"{props.major}.{props.minor}",
+        )
+    return info
+
+
+def _cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

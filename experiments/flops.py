@@ -1,0 +1,170 @@
+"""Floating-point operations of one benchmark case, by formula (not by counting kernels).
+
+Conventions: matrix products only, one multiply-add = 2 FLOPs (softmax, scaling, masking, norms and
+activations are left out: they are O(n) per score and memory-bound anyway). Forward+backward is
+counted as 3x the forward (the backward computes two products per forward product). The formulas
+count the *useful* work of each mechanism as the paper defines it; a blocked or padded kernel may
+execute more (a sliding window computed in blocks of w touches about 2w keys per query).
+
+Per head (one of B*H), n = sequence length, d = head width:
+
+- ``full``: Q K^T and P V, 2 n^2 d each: **4 n^2 d**; causal: the lower triangle, 2 n (n + 1) d.
+- ``linformer`` (k): projections E K and F V, 2 k n d each (``linear`` / ``random``; ``conv`` with
+  kernel = stride = n/k: 2 n d each; ``mean_pool`` / ``max_pool``: n d each), then Q (E K)^T and
+  P (F V), 2 n k d each: **4 k n d + 4 n k d** for learned projections.
+- ``nystrom`` (m landmarks, t pseudo-inverse iterations, optional depthwise convolution of c taps):
+  Q K~^T, Q~ K^T, B~ V and the final (F~ A~^+)(B~ V) are 2 n m d each, Q~ K~^T 2 m^2 d, F~ A~^+
+  2 n m^2, each iteration of (N4) 4 products of m x m matrices (2 m^3 each), the convolution 2 n d c:
+  **8 n m d + 2 m^2 d + 2 n m^2 + 8 t m^3 (+ 2 n d c)**; ``pinv="exact"`` (an SVD) is not counted.
+
+- ``local`` (``window`` w: |i - j| <= w/2) and ``longformer`` (w, and ``global_tokens`` g that attend
+  and are attended everywhere): 4 d per allowed (query, key) pair, the pairs counted exactly (about
+  n (w + 1) for local, plus about 2 g n for the globals); causal keeps the pairs with j <= i.
+- ``lsh`` (r = ``n_hashes`` rounds, chunks of m, b buckets): hashing q R (R: d x b/2) is n d b per
+  round; each query attends its chunk and the one before, 2m keys (causal: at most m earlier keys of
+  its bucket): **r (n d b + 8 n m d)** (causal r (n d b + 4 n m d)); the sort is not counted.
+- ``linformer_causal`` (blocks of c, k_c summaries each): per block of s positions, E K and F V 2 k_c s d
+  each (learned), then each query scores its own block (causal: j <= i) and k_c summaries of every other
+  block (causal: of every earlier block), 4 d per (query, key) pair.
+
+A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
+pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
+shown as "n/a": no guessing.
+
+Around the core (``mha``, ``layer``, ``encoder`` levels), per token: the q, k, v, out projections
+4 x 2 dim (H d) (3 x with shared QK), the feed-forward 2 x 2 dim (mult dim); the encoder sums its
+layers (embedding look-ups are free).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attention_zoo as az
+from experiments.bench_cases import Case
+
+#: options, n, d, causal -> forward FLOPs of one head at one layer, or None where not covered
+HeadFlops = Callable[[dict[str, Any], int, int, bool], float | None]
+
+FORMULAS: dict[str, HeadFlops] = {}
+
+
+def formula(name: str) -> Callable[[HeadFlops], HeadFlops]:
+    def register(function: HeadFlops) -> HeadFlops:
+        FORMULAS[name] = function
+        return function
+
+    return register
+
+
+@formula("full")
+def _full(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return 2 * n * (n + 1) * d if causal else 4 * n * n * d
+
+
+@formula("linformer")
+def _linformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
+    k = min(options["k"], n)
+    per_tensor = {"linear": 2 * k * n * d, "random": 2 * k * n * d, "conv": 2 * n * d}
+    projection = per_tensor.get(options["projection"], n * d)
+    return None if causal else 2 * projection + 4 * n * k * d
+
+
+@formula("nystrom")
+def _nystrom(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
+    if causal or options["pinv"] != "iterative":
+        return None
+    m, t, taps = min(options["num_landmarks"], n), options["pinv_iterations"], options["conv_kernel_size"] or 0
+    return 8 * n * m * d + 2 * m * m * d + 2 * n * m * m + 8 * t * m**3 + 2 * n * d * taps
+
+
+def _window_pairs(n: int, half: int, globals_: int, causal: bool) -> int:
+    """Allowed (i, j) pairs of |i - j| <= half, union the first ``globals_`` rows and columns."""
+    pairs = 0
+    for i in range(n):
+        last = i if causal else n - 1
+        if i < globals_:
+            pairs += last + 1
+            continue
+        low, high = max(i - half, 0), min(i + half, last)
+        window = high - low + 1
+        overlap = max(0, min(high, globals_ - 1) - low + 1)
+        pairs += window + min(globals_, last + 1) - overlap
+    return pairs
+
+
+@formula("local")
+def _local(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return 4 * d * _window_pairs(n, options["window"] // 2, 0, causal)
+
+
+@formula("longformer")
+def _longformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return 4 * d * _window_pairs(n, options["window"] // 2, options["global_tokens"], causal)
+
+
+@formula("lsh")
+def _lsh(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    """Bucket and chunk sizes as ``attention_zoo.lsh`` derives them from its options."""
+    bucket_size = options["bucket_size"] or (64 if options["n_buckets"] is None else None)
+    chunk = options["chunk_size"] or bucket_size
+    if options["n_buckets"] is not None:
+        buckets = options["n_buckets"]
+        chunk = chunk or 2 * math.ceil(n / buckets)
+    else:
+        padded = math.ceil(n / chunk) * chunk
+        buckets = max(2, 2 * (padded // (2 * bucket_size)))
+    hashing = n * d * buckets if buckets > 1 else 0
+    return options["n_hashes"] * (hashing + (4 if causal else 8) * n * chunk * d)
+
+
+@formula("linformer_causal")
+def _linformer_causal(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    c, k_c = options["block_size"], options["block_k"]
+    sizes = [min(c, n - start) for start in range(0, n, c)]
+    per_tensor = {"linear": 2 * k_c * d, "random": 2 * k_c * d, "conv": 2 * d}.get(options["projection"], d)
+    projections = 2 * per_tensor * n
+    if causal:
+        pairs = sum(s * (s + 1) // 2 + s * g * k_c for g, s in enumerate(sizes))
+    else:
+        pairs = sum(s * (s + (len(sizes) - 1) * k_c) for s in sizes)
+    return projections + 4 * d * pairs
+
+
+def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The mechanism's defaults, overridden by ``options``."""
+    specs = az.attention_options(az.get_attention_class(attention))
+    return {s.name: s.default for s in specs if not s.required} | options
+
+
+def core_flops(case: Case, layer_index: int = 0) -> float | None:
+    """Forward FLOPs of the attention core of one layer, all heads and batch rows."""
+    if case.attention not in FORMULAS or case.attention not in az.list_attentions():
+        return None
+    options = resolved_options(case.attention, case.options)
+    if isinstance(options.get("k"), (list, tuple)):  # Linformer's nonuniform k, one per layer
+        options = options | {"k": options["k"][layer_index]}
+    per_head = FORMULAS[case.attention](options, case.seq_len, case.dim_head, case.causal)
+    return None if per_head is None else case.batch * case.heads * per_head
+
+
+def case_flops(case: Case) -> float | None:
+    """FLOPs of one timed call of ``case`` (forward, or forward+backward = 3x forward)."""
+    if case.level == "core":
+        forward = core_flops(case)
+    else:
+        layers = range(case.depth) if case.level == "encoder" else range(1)
+        cores = [core_flops(case, i) for i in layers]
+        if None in cores:
+            return None
+        shared_qk = az.get_attention_class(case.attention).needs_shared_qk
+        inner = case.heads * case.dim_head
+        tokens = case.batch * case.seq_len
+        projections = (3 if shared_qk else 4) * 2 * tokens * case.dim * inner
+        feed_forward = 0 if case.level == "mha" else 2 * 2 * tokens * case.dim * case.ff_mult * case.dim
+        forward = sum(cores) + len(layers) * (projections + feed_forward)
+    if forward is None:
+        return None
+    return 3 * forward if case.mode == "fwd+bwd" else forward

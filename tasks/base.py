@@ -1,0 +1,256 @@
+"""What every task shares: an :class:`attention_zoo.TransformerEncoder` built from an attention name and
+its options, AdamW with linear warm-up and cosine decay, one ``_shared_step(batch, stage)``, throughput
+and peak-memory logging, and ``init_from`` (start the encoder from another run's checkpoint).
+
+A task never knows which attention it holds: ``attention`` and ``attention_options`` go straight to
+:func:`attention_zoo.create_attention`, which validates them when the task is built, i.e. before any
+data is read or any step is taken. Batches follow the data contract (``tasks/data``): a dict with
+``tokens`` (B, N) long, ``mask`` (B, N) bool (True = real token) and ``labels``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+from attention_zoo import TransformerEncoder
+from attention_zoo.transformer import Positional
+
+Stage = Literal["train", "val", "test"]
+STAGES: tuple[Stage, ...] = ("train", "val", "test")
+
+
+class ConfigError(ValueError):
+    """A configuration the task cannot run (bad attention name or option, mismatching checkpoint, data of
+    the wrong kind). ``zoo fit`` prints it as a one-paragraph error instead of a traceback."""
+
+
+class EncoderTask(pl.LightningModule):
+    """Base of every task: ``forward(tokens, mask) -> logits`` over a Transformer encoder.
+
+    Args:
+        vocab_size: token vocabulary (linked from ``data.vocab_size`` by ``zoo fit``).
+        max_seq_len: longest sequence the model accepts (linked from ``data.max_seq_len``).
+        num_classes: output classes: labels per sequence or per token (linked from ``data.num_classes``).
+        attention: registered attention name (``zoo list`` shows them).
+        attention_options: that mechanism's options, e.g. ``{k: 32}`` for Linformer; on the command
+            line ``--model.attention_options.k 32``.
+        dim: model width.
+        depth: number of encoder layers.
+        heads: attention heads per layer.
+        dim_head: width of one head (default ``dim // heads``).
+        ff_mult: feed-forward hidden width as a multiple of ``dim``.
+        dropout: dropout on embeddings, attention output and feed-forward.
+        positional: ``learned`` or ``sinusoidal`` absolute positions.
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases, norms or other 1-D parameters).
+        warmup_steps: linear warm-up steps before the schedule.
+        schedule: ``cosine`` decays to 0 at the last step; ``constant`` keeps ``lr`` after warm-up.
+        init_from: a checkpoint (``last.ckpt`` of another run, e.g. MLM pretraining) whose encoder
+            weights this model starts from; it must use the same attention and shapes.
+    """
+
+    #: the data module's ``target`` this task trains on ("sequence" or "token")
+    target: ClassVar[str]
+    #: metrics listed in TensorBoard's HParams view next to the hyperparameters
+    hparam_metrics: ClassVar[tuple[str, ...]] = ("val/loss", "train/tokens_per_s", "train/peak_mem_mb")
+
+    def __init__(
+        self,
+        vocab_size: int,
+        max_seq_len: int,
+        num_classes: int,
+        *,
+        attention: str = "full",
+        attention_options: dict[str, Any] | None = None,
+        dim: int = 64,
+        depth: int = 2,
+        heads: int = 4,
+        dim_head: int | None = None,
+        ff_mult: int = 4,
+        dropout: float = 0.0,
+        positional: Positional = "learned",
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 100,
+        schedule: Literal["cosine", "constant"] = "cosine",
+        init_from: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        try:
+            self.encoder = TransformerEncoder(
+                vocab_size,
+                dim,
+                depth,
+                heads,
+                max_seq_len,
+                attention=attention,
+                attention_options=attention_options,
+                dim_head=dim_head,
+                ff_mult=ff_mult,
+                dropout=dropout,
+                positional=positional,
+            )
+        except ValueError as error:
+            raise ConfigError(f"cannot build the encoder with attention={attention!r}: {error}") from None
+        if num_classes < 1:
+            raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
+        if init_from is not None:
+            load_encoder(self, init_from)
+
+    # --- what a task defines -------------------------------------------------------------------
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def update_metrics(self, stage: Stage, logits: Tensor, labels: Tensor) -> dict[str, Any]:
+        """Update the stage's torchmetrics with one batch; return them keyed by their logged tag."""
+        raise NotImplementedError
+
+    # --- shared ----------------------------------------------------------------------------------
+    def _shared_step(self, batch: dict[str, Tensor], stage: Stage) -> Tensor:
+        logits = self(batch["tokens"], batch["mask"])
+        loss = self.loss(logits, batch["labels"])
+        is_train = stage == "train"
+        batch_size = batch["tokens"].shape[0]
+        self.log(
+            f"{stage}/loss", loss, prog_bar=True, on_step=is_train, on_epoch=not is_train, sync_dist=not is_train,
+            batch_size=batch_size,
+        )  # fmt: skip
+        metrics = self.update_metrics(stage, logits.detach(), batch["labels"])
+        self.log_dict(metrics, prog_bar=not is_train, on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
+        return loss
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams.weight_decay, "name": "weights"},
+                {"params": no_decay, "weight_decay": 0.0, "name": "biases_norms"},
+            ],
+            lr=self.hparams.lr,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, schedule = self.hparams.warmup_steps, self.hparams.schedule
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if schedule == "constant":
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        from tasks.callbacks import RunRecord, SpeedAndMemory
+
+        # every run measures speed and memory and records its outcome, whatever its config says
+        return [SpeedAndMemory(), RunRecord()]
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        data_target = getattr(datamodule, "target", self.target)
+        if data_target != self.target:
+            raise ConfigError(
+                f"{type(self).__name__} trains on per-{self.target} labels but {type(datamodule).__name__} gives "
+                f"per-{data_target} labels; pair it with a data module whose target is {self.target!r}"
+            )
+
+    def on_fit_start(self) -> None:
+        self._log_hparams_session()
+
+    @rank_zero_only
+    def _log_hparams_session(self) -> None:
+        """Write the HParams-plugin session with this task's metric tags, so TensorBoard's HParams view
+        lists the attention, its options and the final metrics of each run side by side. (Lightning's
+        own hparams logging either lists no metrics or writes a placeholder value into the metric's curve.)"""
+        logger = self.logger
+        if not isinstance(logger, TensorBoardLogger):
+            return
+        flat = flatten_hparams(dict(self.hparams))
+        writer = logger.experiment._get_file_writer()  # the writer SummaryWriter.add_hparams itself uses
+        for summary in hparams_summary(flat, {name: 0.0 for name in self.hparam_metrics}):
+            writer.add_summary(summary)
+
+
+def flatten_hparams(params: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:
+    """``{"attention_options": {"k": 32}}`` -> ``{"attention_options/k": 32}``; values TensorBoard cannot
+    show become strings, ``None`` becomes ``"None"``."""
+    flat: dict[str, bool | int | float | str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten_hparams(value, f"{name}/") if value else {name: "{}"})
+        elif isinstance(value, (bool, int, float, str)):
+            flat[name] = value
+        else:
+            flat[name] = str(value)
+    return flat
+
+
+def load_encoder(task: EncoderTask, path: str) -> None:
+    """Copy the ``encoder.*`` weights of a Lightning checkpoint into ``task.encoder``.
+
+    Loaded with ``weights_only=True``: tensors and plain containers only, no pickled code runs.
+    Raises :class:`ConfigError` naming the attention names, or every missing, unexpected and
+    mis-shaped key, when the checkpoint's encoder is not this encoder.
+    """
+    if not Path(path).is_file():
+        raise ConfigError(f"init_from: no checkpoint file at {path!r}")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ConfigError(f"init_from: {path!r} is not a Lightning checkpoint (no 'state_dict')")
+    saved = checkpoint.get("hyper_parameters", {})
+    theirs, ours = saved.get("attention"), task.hparams.attention
+    if theirs is not None and theirs != ours:
+        raise ConfigError(
+            f"init_from: {path!r} was trained with attention {theirs!r}, this model uses {ours!r}; "
+            f"finetune with --model.attention {theirs} (and its options {saved.get('attention_options') or {}})"
+        )
+    if (saved.get("attention_options") or {}) != (task.hparams.attention_options or {}):
+        rank_zero_warn(
+            f"init_from: {path!r} used attention_options {saved.get('attention_options') or {}}, this model "
+            f"{task.hparams.attention_options or {}}; loading anyway because every weight shape matches"
+        )
+    prefix = "encoder."
+    weights = {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    expected = task.encoder.state_dict()
+    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in weights]
+    problems += [f"unexpected {k} {tuple(v.shape)}" for k, v in weights.items() if k not in expected]
+    problems += [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    if problems:
+        raise ConfigError(
+            f"init_from: the encoder in {path!r} (attention {theirs!r}) does not fit this model (attention "
+            f"{ours!r}); check dim, depth, heads, max_seq_len, vocab_size and attention_options:\n  "
+            + "\n  ".join(problems)
+        )
+    task.encoder.load_state_dict(weights)
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,202 @@
+"""Measurements taken from the training runs themselves, so accuracy, speed and memory of a mechanism
+come from one run: throughput (real tokens/s), peak memory, a ``run.json`` record per run, and the
+resolved config saved next to the run (and shown in TensorBoard's Text tab).
+
+Throughput times each training step (forward, backward, optimizer step; CUDA synchronised at both ends)
+and counts real tokens (``mask.sum()``), so padding is never counted as work done. Peak memory is
+``torch.cuda.max_memory_allocated`` on CUDA and the process's peak resident set size (``VmHWM``,
+reset at fit start where Linux allows it) on CPU; the CPU figure includes the Python/PyTorch baseline
+of the process, so the memory in use at fit start (allocated CUDA memory, or the resident set size) is
+recorded too: the difference is what training added.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+
+RUN_RECORD = "run.json"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    # Linux: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS; elsewhere (or where it
+    # is not allowed) the peak covers the whole process
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = _proc_status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def current_memory_mb(device: torch.device) -> float:
+    """What the peak is measured against: allocated CUDA memory, or the resident set size (NaN where
+    neither /proc nor CUDA tells)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    current = _proc_status_mb("VmRSS")
+    return current if current is not None else float("nan")
+
+
+def _proc_status_mb(field: str) -> float | None:
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024  # the kernel reports kB
+    return None
+
+
+class SpeedAndMemory(pl.Callback):
+    """Logs ``train/tokens_per_s`` (over the last ``window`` steps, summed over ranks) and
+    ``train/peak_mem_mb`` (max over ranks) at every step; :meth:`summary` gives the whole run's figures,
+    leaving out the first ``skip_steps`` steps (allocator and kernel warm-up)."""
+
+    def __init__(self, skip_steps: int = 5, window: int = 20) -> None:
+        self.skip_steps = skip_steps
+        self.window: deque[tuple[int, float]] = deque(maxlen=window)
+        self.steps_seen = 0
+        self.tokens_total = 0
+        self.seconds_total = 0.0
+        self._step_start = 0.0
+        self.start_memory_mb = float("nan")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        reset_peak_memory(pl_module.device)
+        self.start_memory_mb = current_memory_mb(pl_module.device)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int):
+        _synchronize(pl_module.device)
+        self._step_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        _synchronize(pl_module.device)
+        seconds = time.perf_counter() - self._step_start
+        tokens = int(batch["mask"].sum())
+        self.window.append((tokens, seconds))
+        self.steps_seen += 1
+        if self.steps_seen > self.skip_steps:
+            self.tokens_total += tokens
+            self.seconds_total += seconds
+        rate = sum(t for t, _ in self.window) / max(sum(s for _, s in self.window), 1e-9)
+        log = dict(on_step=True, on_epoch=False, sync_dist=trainer.world_size > 1)
+        pl_module.log("train/tokens_per_s", rate, reduce_fx="sum", **log)
+        pl_module.log("train/peak_mem_mb", peak_memory_mb(pl_module.device), reduce_fx="max", **log)
+
+    def summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Mean tokens/s after warm-up (over every step in runs too short to have any after it; summed
+        over ranks), peak memory and the memory in use when fitting started (max over ranks); every rank
+        must call it (it reduces across them)."""
+        if self.seconds_total:
+            rate = self.tokens_total / self.seconds_total
+        else:
+            rate = sum(t for t, _ in self.window) / max(sum(s for _, s in self.window), 1e-9)
+        memory, start = peak_memory_mb(pl_module.device), self.start_memory_mb
+        if trainer.world_size > 1:
+            device = pl_module.device
+            reduce = lambda value, op: float(trainer.strategy.reduce(torch.tensor(value, device=device), reduce_op=op))
+            rate, memory, start = reduce(rate, "sum"), reduce(memory, "max"), reduce(start, "max")
+        return {"tokens_per_s": rate, "peak_mem_mb": memory, "fit_start_mem_mb": start}
+
+
+class RunRecord(pl.Callback):
+    """Keeps ``run.json`` in the run's log directory up to date: progress while training (at most every
+    ``every_seconds``), then the final metrics, throughput, peak memory, parameter count and wall time;
+    ``status`` is ``running``, ``finished`` or ``failed`` (with the error). ``zoo compare`` reads it."""
+
+    def __init__(self, every_seconds: float = 1.0) -> None:
+        self.every_seconds = every_seconds
+        self.record: dict[str, Any] = {}
+        self._started = 0.0
+        self._last_write = 0.0
+        self._path: Path | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = time.perf_counter()
+        log_dir = trainer.log_dir  # a broadcast in DDP: every rank asks, here, at the same point
+        self._path = Path(log_dir) / RUN_RECORD if log_dir is not None else None
+        hparams = pl_module.hparams
+        self.record = {
+            "status": "running",
+            "task": type(pl_module).__name__,
+            "attention": hparams.get("attention"),
+            "attention_options": hparams.get("attention_options") or {},
+            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "world_size": trainer.world_size,
+            "start_step": trainer.global_step,
+            "step": trainer.global_step,
+            "max_steps": trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches),
+        }
+        self._write(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.record["start_step"] = trainer.global_step  # after a checkpoint is restored
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if time.perf_counter() - self._last_write >= self.every_seconds:
+            self.record["step"] = trainer.global_step
+            self._write(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        speed = next((c for c in trainer.callbacks if isinstance(c, SpeedAndMemory)), None)
+        self.record.update(speed.summary(trainer, pl_module) if speed is not None else {})
+        self.record.update(
+            status="finished",
+            step=trainer.global_step,
+            fit_seconds=time.perf_counter() - self._started,
+            metrics={k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
+        )
+        self._write(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.record.update(status="failed", error=f"{type(exception).__name__}: {exception}", step=trainer.global_step)
+        self._write(trainer)
+
+    def _write(self, trainer: pl.Trainer) -> None:
+        self._last_write = time.perf_counter()
+        if not trainer.is_global_zero or self._path is None:
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self._path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.record, indent=2, default=str))
+        os.replace(temporary, self._path)  # readers never see half a file
+
+
+class SaveConfigToRun(SaveConfigCallback):
+    """Saves the resolved config as ``config.yaml`` in the run's log directory (LightningCLI's behaviour)
+    and also as text in TensorBoard, so the exact config of every curve is one click away."""
+
+    def save_config(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(trainer.logger, TensorBoardLogger):
+            text = self.parser.dump(self.config, skip_none=False)
+            indented = "\n".join("    " + line for line in text.splitlines())  # a Markdown code block
+            trainer.logger.experiment.add_text("config", indented)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

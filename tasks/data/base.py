@@ -1,0 +1,332 @@
+"""What every data module shares: the batch contract, padding, seeded sampling and the on-disk cache.
+
+Batches are dicts (the contract with the task modules in ``tasks/``):
+
+- ``"tokens"``: LongTensor ``(B, N)``, ``N <= max_seq_len``, padded with ``pad_id`` to the longest
+  sequence of the batch (to ``max_seq_len`` when ``pad_to_max_len=True``);
+- ``"mask"``: BoolTensor ``(B, N)``, True = real token (the project's one mask convention);
+- ``"labels"``: LongTensor ``(B,)`` when ``target == "sequence"``; ``(B, N)`` with ``-100`` = ignore when
+  ``target == "token"`` (padding is always ``-100``).
+
+Right after ``__init__`` every module exposes ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id``
+(ints) and ``target`` (str), which LightningCLI links into the model.
+
+Samplers yield ``(epoch, index)`` keys so that per-epoch randomness drawn inside a dataset (MLM masking)
+is a pure function of ``(seed, epoch, index)``: identical with any ``num_workers``, under DDP and after a
+resume. The sampler subclasses ``DistributedSampler``, so Lightning calls its ``set_epoch`` and does not
+replace it under DDP; it takes the replica count from the attached trainer.
+
+Generated or tokenised splits are cached as ``<cache_dir>/<name>/<split>-<hash>.pt``, the hash covering
+every parameter that defines the data. A file is written to a temporary name and renamed into place, so
+a crash never leaves a partial file under the final name; a file that cannot be read back or whose
+stored parameters differ is rebuilt with a warning, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import torch
+from lightning import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+Split = Literal["train", "val", "test"]
+SPLITS: tuple[Split, ...] = ("train", "val", "test")
+IGNORE_INDEX = -100
+CACHE_FORMAT = 1  # bump when the stored layout or any generator changes
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$ZOO_CACHE`` if set, else ``~/.cache/attention-zoo``."""
+    return Path(os.environ.get("ZOO_CACHE") or Path.home() / ".cache" / "attention-zoo")
+
+
+def derive_seed(seed: int, *names: str | int) -> int:
+    """A 63-bit seed for one purpose (a split, an epoch, an example), independent of the others."""
+    text = "/".join(str(part) for part in (seed, *names))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Ragged sequences stored flat: sequence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
+
+    ``labels`` is ``(n,)`` for one label per sequence, ``(T,)`` aligned with ``tokens`` for one label per
+    token, or None when labels are drawn later (MLM). ``truncated`` counts sequences that were cut.
+    """
+
+    tokens: Tensor  # (T,) any integer dtype (stored compactly); read back as int64
+    offsets: Tensor  # (n + 1,) int64
+    labels: Tensor | None = None  # any integer dtype; read back as int64
+    truncated: int = 0
+
+    @classmethod
+    def from_tensors(cls, sequences: Sequence[Tensor], labels: Tensor | None = None, truncated: int = 0) -> Sequences:
+        """Pack 1-d token tensors; ``labels`` is one per sequence or None."""
+        lengths = torch.tensor([0, *(len(s) for s in sequences)], dtype=torch.int64)
+        tokens = torch.cat([s.to(torch.int32) for s in sequences]) if sequences else torch.zeros(0, dtype=torch.int32)
+        return cls(tokens, lengths.cumsum(0), labels, truncated)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def sequence(self, index: int) -> Tensor:
+        return self.tokens[self.offsets[index] : self.offsets[index + 1]].long()
+
+    def token_labels(self, index: int) -> Tensor:
+        return self.labels[self.offsets[index] : self.offsets[index + 1]].long()
+
+    def validate(self) -> None:
+        """Raise ValueError unless the arrays describe consistent sequences."""
+        n_tokens = len(self.tokens)
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or int(self.offsets[0]) != 0:
+            raise ValueError("offsets must be a 1-d tensor starting at 0")
+        if int(self.offsets[-1]) != n_tokens or bool((self.lengths() < 0).any()):
+            raise ValueError(f"offsets end at {int(self.offsets[-1])} but there are {n_tokens} tokens")
+        if self.labels is not None and len(self.labels) not in (len(self), n_tokens):
+            raise ValueError(f"{len(self.labels)} labels for {len(self)} sequences of {n_tokens} tokens")
+
+
+def _compact(values: Tensor) -> Tensor:
+    """``values`` in the smallest of uint8 / int16 / int32 that holds them (ListOps: uint8; bytes: int16)."""
+    low, high = (int(values.min()), int(values.max())) if values.numel() else (0, 0)
+    for dtype in (torch.uint8, torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.to(dtype)
+    raise ValueError(f"token ids up to {high} do not fit in int32")
+
+
+def _canonical(params: dict) -> dict:
+    return json.loads(json.dumps(params, sort_keys=True))
+
+
+def cache_file(cache_dir: Path, name: str, split: str, params: dict) -> Path:
+    """``<cache_dir>/<name>/<split>-<hash>.pt``, the hash covering ``params`` and the cache format."""
+    key = json.dumps({"format": CACHE_FORMAT, "split": split, **_canonical(params)}, sort_keys=True)
+    return cache_dir / name / f"{split}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
+
+
+def write_atomically(path: Path, write: Callable[[object], None]) -> None:
+    """Call ``write(binary_file)`` on a temporary file next to ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_or_build(path: Path, params: dict, build: Callable[[], Sequences]) -> Sequences:
+    """The sequences cached at ``path`` for ``params``; built and written atomically if absent or unusable."""
+    params = _canonical(params)
+    if path.exists():
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+            if payload.get("format") != CACHE_FORMAT or payload.get("params") != params:
+                raise ValueError("stored format or parameters differ from the requested ones")
+            data = Sequences(payload["tokens"], payload["offsets"], payload.get("labels"), payload["truncated"])
+            data.validate()
+            return data
+        except Exception as error:  # any unreadable file is rebuilt, whatever broke it
+            warnings.warn(f"ignoring unusable cache file {path} ({error}); rebuilding it", stacklevel=2)
+    log.info("building %s (not cached yet)", path)
+    built = build()
+    built.validate()
+    labels = None if built.labels is None else _compact(built.labels)
+    data = Sequences(_compact(built.tokens), built.offsets, labels, built.truncated)
+    payload = {"format": CACHE_FORMAT, "params": params, "tokens": data.tokens, "offsets": data.offsets}
+    payload |= {"truncated": data.truncated} | ({} if data.labels is None else {"labels": data.labels})
+    write_atomically(path, lambda file: torch.save(payload, file))
+    return data
+
+
+def epoch_and_index(key: int | tuple[int, int]) -> tuple[int, int]:
+    """``(epoch, index)`` from an :class:`EpochSampler` key, or epoch 0 for a plain index."""
+    return (0, key) if isinstance(key, int) else key
+
+
+class SequenceDataset(Dataset):
+    """Items ``(tokens (N,), label ())`` or ``(tokens (N,), labels (N,))`` from stored sequences."""
+
+    def __init__(self, data: Sequences, target: Literal["sequence", "token"]):
+        self.data = data
+        self.target = target
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
+        _, index = epoch_and_index(key)
+        if self.target == "token":
+            return self.data.sequence(index), self.data.token_labels(index)
+        return self.data.sequence(index), self.data.labels[index].long()
+
+
+class EpochSampler(DistributedSampler):
+    """A ``DistributedSampler`` yielding ``(epoch, index)``; with ``redraw_per_epoch=False`` the epoch
+    part is always 0, so evaluation splits see the same per-example randomness every epoch."""
+
+    def __init__(
+        self, dataset: Dataset, *, shuffle: bool, seed: int, num_replicas: int, rank: int, redraw_per_epoch: bool
+    ):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.redraw_per_epoch = redraw_per_epoch
+
+    def __iter__(self):
+        epoch = self.epoch if self.redraw_per_epoch else 0
+        return ((epoch, index) for index in super().__iter__())
+
+
+class PadCollate:
+    """Stack ``(tokens, labels)`` items into a batch dict, padding to the longest item or to ``pad_to``."""
+
+    def __init__(self, pad_id: int, pad_to: int | None = None):
+        self.pad_id = pad_id
+        self.pad_to = pad_to
+
+    def __call__(self, items: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+        lengths = torch.tensor([len(tokens) for tokens, _ in items])
+        width = self.pad_to or int(lengths.max())
+        tokens = torch.full((len(items), width), self.pad_id, dtype=torch.long)
+        mask = torch.arange(width)[None, :] < lengths[:, None]
+        per_token = items[0][1].ndim == 1
+        labels = torch.full((len(items), width), IGNORE_INDEX, dtype=torch.long) if per_token else None
+        for row, (item_tokens, item_labels) in enumerate(items):
+            tokens[row, : len(item_tokens)] = item_tokens
+            if per_token:
+                labels[row, : len(item_labels)] = item_labels
+        if not per_token:
+            labels = torch.stack([item_labels for _, item_labels in items]).long()
+        return {"tokens": tokens, "mask": mask, "labels": labels}
+
+
+class ZooDataModule(LightningDataModule):
+    """Base of every data module: shared dataloaders, padding collate, seeded splits, disk cache.
+
+    A subclass sets ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id`` in ``__init__`` (and the
+    class attributes ``target`` and ``cache_name``) and implements :meth:`cache_params` (everything that
+    defines the data) and :meth:`build_split`. :meth:`make_dataset` may be overridden (MLM masking).
+
+    Args:
+        seed: seed of the data (generation, splits, shuffling, masking).
+        batch_size: sequences per batch (per device under DDP).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
+        cache_dir: where generated/tokenised splits are cached; default ``$ZOO_CACHE`` or
+            ``~/.cache/attention-zoo``.
+    """
+
+    target: ClassVar[Literal["sequence", "token"]]
+    cache_name: ClassVar[str]
+
+    vocab_size: int
+    max_seq_len: int
+    num_classes: int
+    pad_id: int
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pad_to_max_len: bool = False,
+        cache_dir: str | None = None,
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.seed = seed
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pad_to_max_len = pad_to_max_len
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.splits: dict[Split, Sequences] = {}
+
+    def cache_params(self) -> dict:
+        """JSON-serialisable parameters that fully define the data of every split (the cache key)."""
+        raise NotImplementedError
+
+    def build_split(self, split: Split) -> Sequences:
+        """Generate or read and tokenise one split."""
+        raise NotImplementedError
+
+    def make_dataset(self, split: Split, data: Sequences) -> Dataset:
+        return SequenceDataset(data, self.target)
+
+    def cache_path(self, split: Split) -> Path:
+        return cache_file(self.cache_dir, self.cache_name, split, self.cache_params())
+
+    def load_split(self, split: Split) -> Sequences:
+        """The split, from memory, from the cache, or built (and cached)."""
+        if split not in self.splits:
+            params = self.cache_params()
+            path = cache_file(self.cache_dir, self.cache_name, split, params)
+            self.splits[split] = load_or_build(path, params, lambda: self.build_split(split))
+        return self.splits[split]
+
+    def prepare_data(self) -> None:
+        # Lightning runs this on one process per node before setup: every split is built and cached once.
+        for split in SPLITS:
+            self.load_split(split)
+
+    def setup(self, stage: str | None = None) -> None:
+        needed = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+        for split in needed.get(stage, SPLITS):
+            self.load_split(split)
+
+    def _replicas(self) -> tuple[int, int]:
+        kwargs = getattr(self.trainer, "distributed_sampler_kwargs", None) if self.trainer is not None else None
+        return (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
+
+    def _loader(self, split: Split) -> DataLoader:
+        dataset = self.make_dataset(split, self.load_split(split))
+        num_replicas, rank = self._replicas()
+        train = split == "train"
+        sampler = EpochSampler(
+            dataset,
+            shuffle=train,
+            seed=derive_seed(self.seed, "shuffle"),
+            num_replicas=num_replicas,
+            rank=rank,
+            redraw_per_epoch=train,
+        )
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=PadCollate(self.pad_id, self.max_seq_len if self.pad_to_max_len else None),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")

@@ -1,0 +1,153 @@
+"""Multi-query associative recall (MQAR), the synthetic task of the Zoology benchmark.
+
+Arora, Eyuboglu et al. 2023, "Zoology: Measuring and Improving Recall in Efficient Language Models",
+arXiv:2312.04927, Sec. 3 and ``zoology/data/multiquery_ar.py``. Each sequence of length ``seq_len``
+starts with ``D = num_kv_pairs`` key-value pairs ``k_1 v_1 k_2 v_2 ... k_D v_D`` (keys distinct, drawn from
+``[1, vocab_size // 2)``; values distinct, from ``[vocab_size // 2, vocab_size)``), followed by a query
+region in which every key appears once more, at even offsets ``2 g`` from the end of the context; the
+gaps ``g`` are drawn without replacement from ``{0, ..., (seq_len - 2 D) / 2 - 1}`` with probability
+``p(g) ∝ a (g + 1)^(a - 1)`` (``a = power_a``, 0.01 in Zoology: short gaps are more likely, as repeated
+bigrams are in text). All other query-region positions hold random tokens. The label at each query
+position is the value paired with that key; every other position is ``-100``. Solving it needs lookups
+over distances up to ``seq_len``: the task on which attention approximations really differ.
+
+Deviation: Zoology draws the random filler tokens from ``[0, vocab_size)``; here from ``[1, vocab_size)``
+so that id 0 is only ever padding (sequences all have length ``seq_len``, so there is none).
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from tasks.data.base import IGNORE_INDEX, Sequences, Split, ZooDataModule, derive_seed
+
+PAD_ID = 0
+CHUNK = 4096  # examples generated at once: bounds the (chunk, vocab_size / 2) random draws
+
+
+def generate_mqar(
+    num_examples: int, *, seq_len: int, num_kv_pairs: int, vocab_size: int, power_a: float, seed: int
+) -> tuple[Tensor, Tensor]:
+    """``(inputs, labels)``, both ``(num_examples, seq_len)`` int64; labels are -100 except at queries."""
+    generator = torch.Generator().manual_seed(seed)
+    context = 2 * num_kv_pairs
+    key_vocab = vocab_size // 2
+    space = (seq_len - context) // 2
+    gap_weights = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+    inputs, labels = [], []
+    for start in range(0, num_examples, CHUNK):
+        batch = min(CHUNK, num_examples - start)
+        # top-k of i.i.d. uniforms: a uniformly random ordered sample without replacement
+        keys = 1 + torch.rand(batch, key_vocab - 1, generator=generator).topk(num_kv_pairs, dim=1).indices
+        values = (
+            key_vocab + torch.rand(batch, vocab_size - key_vocab, generator=generator).topk(num_kv_pairs, dim=1).indices
+        )
+        gaps = torch.multinomial(gap_weights.expand(batch, space), num_kv_pairs, replacement=False, generator=generator)
+        tokens = torch.randint(1, vocab_size, (batch, seq_len), generator=generator)
+        tokens[:, :context] = rearrange([keys, values], "two b d -> b (d two)")
+        query_positions = context + 2 * gaps
+        tokens.scatter_(1, query_positions, keys)
+        targets = torch.full((batch, seq_len), IGNORE_INDEX, dtype=torch.long)
+        targets.scatter_(1, query_positions, values)
+        inputs.append(tokens)
+        labels.append(targets)
+    return torch.cat(inputs), torch.cat(labels)
+
+
+class AssociativeRecallDataModule(ZooDataModule):
+    """Multi-query associative recall (Zoology MQAR): predict, at each repeated key, its value.
+
+    ``target = "token"``; ``num_classes = vocab_size`` (labels are token ids, -100 off the queries).
+    Generated deterministically from ``seed`` (each split from its own derived seed) and cached.
+
+    Args:
+        seq_len: sequence length, even, at least ``4 * num_kv_pairs``; also ``max_seq_len``.
+        num_kv_pairs: key-value pairs per sequence; each key is queried once.
+        vocab_size: token ids ``0..vocab_size-1``: 0 is padding, keys ``[1, vocab_size // 2)``, values
+            ``[vocab_size // 2, vocab_size)``. Zoology notes large vocabularies (>1k) separate
+            architectures better.
+        power_a: power-law exponent of the query gap distribution (Zoology: 0.01; 1.0 is uniform).
+        train_size: training sequences (Zoology: 100000).
+        val_size: validation sequences.
+        test_size: test sequences (Zoology: 3000).
+        seed: seed of the data (generation, shuffling).
+        batch_size: sequences per batch (per device under DDP).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        pad_to_max_len: pad every batch to ``max_seq_len`` (all sequences already have that length).
+        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+    """
+
+    target = "token"
+    cache_name = "mqar"
+
+    def __init__(
+        self,
+        *,
+        seq_len: int = 256,
+        num_kv_pairs: int = 16,
+        vocab_size: int = 8192,
+        power_a: float = 0.01,
+        train_size: int = 100_000,
+        val_size: int = 3_000,
+        test_size: int = 3_000,
+        seed: int = 0,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pad_to_max_len: bool = False,
+        cache_dir: str | None = None,
+    ):
+        super().__init__(
+            seed=seed,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pad_to_max_len=pad_to_max_len,
+            cache_dir=cache_dir,
+        )
+        if num_kv_pairs < 1:
+            raise ValueError(f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
+        if seq_len % 2 or seq_len < 4 * num_kv_pairs:
+            raise ValueError(
+                f"seq_len must be even and >= 4 * num_kv_pairs = {4 * num_kv_pairs} (room for the pairs and one "
+                f"query slot per key); got seq_len={seq_len}"
+            )
+        if vocab_size // 2 - 1 < num_kv_pairs:
+            raise ValueError(
+                f"vocab_size={vocab_size} leaves {vocab_size // 2 - 1} key ids for {num_kv_pairs} distinct keys; "
+                f"use vocab_size >= {2 * num_kv_pairs + 2}"
+            )
+        if power_a <= 0:
+            raise ValueError(f"power_a must be > 0, got {power_a}")
+        for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
+            if size < 1:
+                raise ValueError(f"{name} must be >= 1, got {size}")
+        self.seq_len, self.num_kv_pairs, self.power_a = seq_len, num_kv_pairs, power_a
+        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
+        self.vocab_size = vocab_size
+        self.max_seq_len = seq_len
+        self.num_classes = vocab_size
+        self.pad_id = PAD_ID
+
+    def cache_params(self) -> dict:
+        return {
+            "seq_len": self.seq_len,
+            "num_kv_pairs": self.num_kv_pairs,
+            "vocab_size": self.vocab_size,
+            "power_a": self.power_a,
+            "sizes": self.sizes,
+            "seed": self.seed,
+        }
+
+    def build_split(self, split: Split) -> Sequences:
+        inputs, labels = generate_mqar(
+            self.sizes[split],
+            seq_len=self.seq_len,
+            num_kv_pairs=self.num_kv_pairs,
+            vocab_size=self.vocab_size,
+            power_a=self.power_a,
+            seed=derive_seed(self.seed, "mqar", split),
+        )
+        offsets = torch.arange(0, inputs.numel() + 1, self.seq_len, dtype=torch.int64)
+        flat_inputs, flat_labels = (rearrange(t, "b n -> (b n)").to(torch.int32) for t in (inputs, labels))
+        return Sequences(flat_inputs, offsets, flat_labels)

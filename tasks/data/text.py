@@ -1,0 +1,518 @@
+"""Text classification from local files, and the tokenizers shared with the MLM corpus.
+
+Sources (exactly one):
+
+- ``data_dir``: a folder in the aclImdb layout (Maas et al. 2011), ``<data_dir>/train/<label>/*.txt``,
+  optional ``<data_dir>/val/<label>/*.txt``, ``<data_dir>/test/<label>/*.txt``; the labels are the
+  sub-folders of ``train/`` (aclImdb's unlabelled ``train/unsup`` is skipped).
+- ``train_file`` (and optional ``val_file``, ``test_file``): CSV, TSV (Python ``csv`` quoting) or JSON
+  Lines, chosen by suffix, with ``text_column`` and ``label_column``.
+- ``hf_dataset``: a Hugging Face ``datasets`` name, splits ``train``, ``validation``, ``test``; only when
+  the package is installed, and it needs network access or a local HF cache.
+
+A split without a source (val, test) is carved from train (``val_fraction``, ``test_fraction``), seeded.
+Labels are mapped to ids in the order of ``labels`` if given, else sorted (numerically if all are
+integers) as found in the training split; ``label_names`` exposes the mapping.
+
+Tokenizers, special tokens at the same ids in all of them (``<pad>`` 0, ``<cls>`` 1, ``<mask>`` 2,
+``<unk>`` 3):
+
+- ``byte``: UTF-8 bytes, ids 4..259 (vocabulary 260), as in the LRA byte-level text task;
+- ``bpe``: byte-level BPE (GPT-2 style, never unknown) trained by ``tokenizers`` on the training split;
+- ``wordpiece``: BERT-style WordPiece (lower-cased) trained by ``tokenizers`` on the training split.
+
+A trained tokenizer is saved next to the cache (``tokenizer_path``) and can be reused with
+``tokenizer_file``, e.g. to fine-tune with the vocabulary of an MLM pre-training run.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, cache_file, derive_seed, write_atomically
+
+SPECIAL_TOKENS = ("<pad>", "<cls>", "<mask>", "<unk>")
+PAD_ID, CLS_ID, MASK_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+BYTE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
+TokenizerKind = Literal["byte", "bpe", "wordpiece"]
+Truncation = Literal["error", "keep_head", "keep_tail"]
+TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+UNLABELLED_FOLDERS = {"unsup"}
+Record = tuple[str, str]  # (text, label name)
+
+
+def _import_tokenizers():
+    try:
+        import tokenizers
+    except ImportError as error:
+        raise ImportError(
+            "tokenizer='bpe' or 'wordpiece' needs the `tokenizers` package: pip install tokenizers"
+        ) from error
+    return tokenizers
+
+
+class TextTokenizer:
+    """Byte-level (``subword=None``) or a ``tokenizers.Tokenizer`` with :data:`SPECIAL_TOKENS` at ids 0-3."""
+
+    def __init__(self, subword=None):
+        self.subword = subword
+
+    @property
+    def vocab_size(self) -> int:
+        return BYTE_VOCAB_SIZE if self.subword is None else self.subword.get_vocab_size()
+
+    @classmethod
+    def train(cls, kind: Literal["bpe", "wordpiece"], texts: Sequence[str], vocab_size: int) -> TextTokenizer:
+        tk = _import_tokenizers()
+        if kind == "bpe":
+            tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
+            tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tokenizer.decoder = tk.decoders.ByteLevel()
+            alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
+            trainer = tk.trainers.BpeTrainer(
+                vocab_size=vocab_size,
+                special_tokens=list(SPECIAL_TOKENS),
+                initial_alphabet=alphabet,
+                show_progress=False,
+            )
+        else:
+            tokenizer = tk.Tokenizer(tk.models.WordPiece(unk_token="<unk>"))
+            tokenizer.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
+            tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+            tokenizer.decoder = tk.decoders.WordPiece()
+            trainer = tk.trainers.WordPieceTrainer(
+                vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+            )
+        tokenizer.train_from_iterator(texts, trainer=trainer)
+        if tokenizer.get_vocab_size() > vocab_size:
+            raise ValueError(
+                f"the trained {kind} vocabulary has {tokenizer.get_vocab_size()} tokens (the alphabet of the "
+                f"training text alone needs that many), more than tokenizer_vocab_size={vocab_size}; raise it"
+            )
+        return cls(tokenizer)
+
+    @classmethod
+    def load(cls, path: str | Path, kind: Literal["bpe", "wordpiece"]) -> TextTokenizer:
+        tk = _import_tokenizers()
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer_file {str(path)!r} does not exist")
+        tokenizer = tk.Tokenizer.from_file(str(path))
+        model = {"bpe": "BPE", "wordpiece": "WordPiece"}[kind]
+        if type(tokenizer.model).__name__ != model:
+            raise ValueError(
+                f"tokenizer_file {str(path)!r} holds a {type(tokenizer.model).__name__} model, not {kind!r}"
+            )
+        ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+        if ids != {token: i for i, token in enumerate(SPECIAL_TOKENS)}:
+            raise ValueError(
+                f"tokenizer_file {str(path)!r} must have the special tokens {SPECIAL_TOKENS} at ids 0-3; has {ids}"
+            )
+        return cls(tokenizer)
+
+    def save(self, path: Path) -> None:
+        text = self.subword.to_str()
+        write_atomically(path, lambda file: file.write(text.encode()))
+
+    def encode(self, texts: Sequence[str]) -> list[Tensor]:
+        if self.subword is None:
+            return [
+                torch.frombuffer(bytearray(t.encode()), dtype=torch.uint8).long() + len(SPECIAL_TOKENS) for t in texts
+            ]
+        return [torch.tensor(encoding.ids, dtype=torch.long) for encoding in self.subword.encode_batch(list(texts))]
+
+
+def resolve_tokenizer(
+    kind: TokenizerKind,
+    *,
+    vocab_size: int,
+    tokenizer_file: str | None,
+    trained_path: Path | None,
+    texts: Callable[[], list[str]],
+) -> TextTokenizer:
+    """The byte tokenizer; the one in ``tokenizer_file``; or one trained on ``texts()`` and saved at
+    ``trained_path`` (reused from there when it already exists)."""
+    if kind == "byte":
+        return TextTokenizer()
+    if tokenizer_file is not None:
+        return TextTokenizer.load(tokenizer_file, kind)
+    if trained_path.exists():
+        try:
+            return TextTokenizer.load(trained_path, kind)
+        except Exception as error:  # an unreadable saved tokenizer is retrained
+            warnings.warn(f"ignoring unusable tokenizer {trained_path} ({error}); retraining it", stacklevel=2)
+    tokenizer = TextTokenizer.train(kind, texts(), vocab_size)
+    tokenizer.save(trained_path)
+    return tokenizer
+
+
+def tokenizer_capacity(kind: TokenizerKind, tokenizer_vocab_size: int, tokenizer_file: str | None) -> int:
+    """The model's vocabulary size, known before any tokenizer is trained: every id is below it."""
+    if kind == "byte":
+        if tokenizer_file is not None:
+            raise ValueError("tokenizer_file needs tokenizer='bpe' or 'wordpiece' (the byte tokenizer has no file)")
+        return BYTE_VOCAB_SIZE
+    if tokenizer_file is not None:
+        return TextTokenizer.load(tokenizer_file, kind).vocab_size
+    if tokenizer_vocab_size < BYTE_VOCAB_SIZE:
+        raise ValueError(
+            f"tokenizer_vocab_size must be >= {BYTE_VOCAB_SIZE} (specials + 256 bytes), got {tokenizer_vocab_size}"
+        )
+    return tokenizer_vocab_size
+
+
+def file_digest(paths: Sequence[Path], root: Path | None = None) -> str:
+    """Hash of the names, sizes and modification times of ``paths``: changes when the files do."""
+    digest = hashlib.sha256()
+    for path in paths:
+        stat = path.stat()
+        name = path.relative_to(root) if root is not None else path.resolve()
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _label_folders(split_dir: Path) -> dict[str, list[Path]]:
+    """The ``*.txt`` files of each label folder of ``split_dir``, sorted; unlabelled folders skipped."""
+    folders = sorted(d for d in split_dir.iterdir() if d.is_dir() and d.name not in UNLABELLED_FOLDERS)
+    return {folder.name: sorted(folder.glob("*.txt")) for folder in folders}
+
+
+def _read_folder(split_dir: Path, label_names: Sequence[str]) -> list[Record]:
+    files = _label_folders(split_dir)
+    unknown = sorted(set(files) - set(label_names))
+    if unknown:
+        raise ValueError(f"unknown label folder(s) {unknown} in {split_dir}; known labels: {list(label_names)}")
+    return [(path.read_text(encoding="utf-8", errors="replace"), label) for label in files for path in files[label]]
+
+
+def _read_table(path: Path, text_column: str, label_column: str) -> list[Record]:
+    if path.suffix not in TABLE_SUFFIXES:
+        raise ValueError(f"cannot read {str(path)!r}: the suffix must be one of {TABLE_SUFFIXES}")
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    with path.open(encoding="utf-8", newline="") as file:
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in file if line.strip()]
+        else:
+            rows = list(csv.DictReader(file, delimiter="\t" if path.suffix == ".tsv" else ","))
+    records = []
+    for number, row in enumerate(rows, start=1):
+        missing = [c for c in (text_column, label_column) if c not in row]
+        if missing:
+            raise ValueError(f"row {number} of {str(path)!r} has no column {missing}; it has {sorted(row)}")
+        label = row[label_column]
+        if label is None or str(label) == "":
+            raise ValueError(f"row {number} of {str(path)!r} has an empty {label_column!r}")
+        records.append((str(row[text_column]), str(label)))
+    return records
+
+
+def _sorted_labels(labels: set[str]) -> list[str]:
+    def is_int(label: str) -> bool:
+        return label.lstrip("-").isdigit()
+
+    return sorted(labels, key=int) if all(is_int(label) for label in labels) else sorted(labels)
+
+
+class TextClassificationDataModule(ZooDataModule):
+    """Sequence classification of text from local files (or, optionally, Hugging Face ``datasets``).
+
+    ``vocab_size`` is 260 for ``byte``, ``tokenizer_vocab_size`` for a tokenizer trained here (every id
+    is below it), the file's vocabulary size for ``tokenizer_file``. Texts longer than ``max_seq_len``
+    tokens are an error unless ``truncation`` says what to keep; truncation is reported with a warning.
+
+    Args:
+        data_dir: folder in the aclImdb layout (``train/<label>/*.txt``, ``test/<label>/*.txt``, optional ``val/``).
+        train_file: CSV, TSV or JSONL file of training examples.
+        val_file: validation examples (same format); default: carved from train.
+        test_file: test examples (same format); default: carved from train.
+        hf_dataset: Hugging Face dataset name (needs the ``datasets`` package and network or its cache).
+        hf_config: Hugging Face dataset configuration name.
+        text_column: column (or JSON key) holding the text.
+        label_column: column (or JSON key) holding the label.
+        labels: label names in id order; default: the training labels, sorted (numerically if integers).
+        val_fraction: share of train carved out as validation when there is no validation source.
+        test_fraction: share of train carved out as test when there is no test source.
+        train_size: keep at most this many training examples (seeded subsample); None keeps all.
+        val_size: keep at most this many validation examples; None keeps all.
+        test_size: keep at most this many test examples; None keeps all.
+        max_seq_len: maximum tokens per sequence, ``<cls>`` included.
+        truncation: what to do with a longer text: ``"error"`` (default: raise, naming the example),
+            ``"keep_head"`` (keep its first tokens) or ``"keep_tail"`` (keep its last tokens).
+        tokenizer: ``"byte"`` (UTF-8 bytes), ``"bpe"`` or ``"wordpiece"`` (trained on the training split).
+        tokenizer_vocab_size: vocabulary size of a trained tokenizer.
+        tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
+        prepend_cls: put ``<cls>`` (id 1) before each text, for models that pool the first token.
+        seed: seed of the carving, subsampling and shuffling.
+        batch_size: sequences per batch (per device under DDP).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
+        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+    """
+
+    target = "sequence"
+    cache_name = "text"
+
+    def __init__(
+        self,
+        *,
+        data_dir: str | None = None,
+        train_file: str | None = None,
+        val_file: str | None = None,
+        test_file: str | None = None,
+        hf_dataset: str | None = None,
+        hf_config: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+        labels: list[str] | None = None,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        train_size: int | None = None,
+        val_size: int | None = None,
+        test_size: int | None = None,
+        max_seq_len: int = 1024,
+        truncation: Truncation = "error",
+        tokenizer: TokenizerKind = "byte",
+        tokenizer_vocab_size: int = 8192,
+        tokenizer_file: str | None = None,
+        prepend_cls: bool = False,
+        seed: int = 0,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pad_to_max_len: bool = False,
+        cache_dir: str | None = None,
+    ):
+        super().__init__(
+            seed=seed,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pad_to_max_len=pad_to_max_len,
+            cache_dir=cache_dir,
+        )
+        given = {"data_dir": data_dir, "train_file": train_file, "hf_dataset": hf_dataset}
+        if sum(v is not None for v in given.values()) != 1:
+            raise ValueError(f"give exactly one source of data: data_dir, train_file or hf_dataset; got {given}")
+        if (val_file or test_file) and train_file is None:
+            raise ValueError("val_file and test_file need train_file")
+        if truncation not in ("error", "keep_head", "keep_tail"):
+            raise ValueError(f"truncation must be one of 'error', 'keep_head', 'keep_tail'; got {truncation!r}")
+        if tokenizer not in ("byte", "bpe", "wordpiece"):
+            raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
+        if max_seq_len < 1 + prepend_cls:
+            raise ValueError(f"max_seq_len must be >= {1 + prepend_cls}, got {max_seq_len}")
+        if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ValueError(
+                f"need 0 <= val_fraction, test_fraction and their sum < 1; got {val_fraction}, {test_fraction}"
+            )
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        if self.data_dir is not None and not (self.data_dir / "train").is_dir():
+            raise FileNotFoundError(f"data_dir {data_dir!r} has no train/ folder (expected the aclImdb layout)")
+        self.files = {
+            split: Path(f) for split, f in zip(SPLITS, (train_file, val_file, test_file), strict=True) if f is not None
+        }
+        self.hf_dataset, self.hf_config = hf_dataset, hf_config
+        self.text_column, self.label_column = text_column, label_column
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
+        self.truncation = truncation
+        self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file = tokenizer, tokenizer_vocab_size, tokenizer_file
+        self.prepend_cls = prepend_cls
+        self._raw: dict[Split, list[Record] | None] = {}  # texts of each source, dropped after setup
+        self._hf_data = None
+        self._fingerprint: str | None = None
+
+        self.label_names = list(labels) if labels is not None else self._infer_labels()
+        if len(self.label_names) < 2 or len(set(self.label_names)) != len(self.label_names):
+            raise ValueError(f"need at least 2 distinct labels, got {self.label_names}")
+        self.label_to_id = {name: i for i, name in enumerate(self.label_names)}
+        self.vocab_size = tokenizer_capacity(tokenizer, tokenizer_vocab_size, tokenizer_file)
+        self.max_seq_len = max_seq_len
+        self.num_classes = len(self.label_names)
+        self.pad_id = PAD_ID
+        self.cls_id = CLS_ID
+
+    # ---- reading -------------------------------------------------------------------------------------
+    def _infer_labels(self) -> list[str]:
+        if self.data_dir is not None:
+            return list(_label_folders(self.data_dir / "train"))
+        if self.hf_dataset is not None:
+            feature = self._hf()["train"].features.get(self.label_column)
+            if hasattr(feature, "names"):
+                return list(feature.names)
+        return _sorted_labels({label for _, label in self._raw_split("train")})
+
+    def _hf(self):
+        if self._hf_data is not None:
+            return self._hf_data
+        try:
+            import datasets
+        except ImportError as error:
+            raise ImportError(
+                f"hf_dataset={self.hf_dataset!r} needs the Hugging Face `datasets` package: pip install datasets "
+                f"(or use data_dir / train_file for local files)"
+            ) from error
+        try:
+            dataset = datasets.load_dataset(self.hf_dataset, self.hf_config)
+        except Exception as error:  # network, name or cache errors all end here; the cause is chained
+            raise RuntimeError(
+                f"could not load Hugging Face dataset {self.hf_dataset!r} (config {self.hf_config!r}): {error}. "
+                f"It needs network access the first time, or a local Hugging Face cache"
+            ) from error
+        if "train" not in dataset:
+            raise ValueError(f"Hugging Face dataset {self.hf_dataset!r} has no 'train' split; it has {list(dataset)}")
+        self._hf_data = dataset
+        return dataset
+
+    def _raw_split(self, split: Split) -> list[Record] | None:
+        """Records of the split's own source, before carving; None when it has none."""
+        if split not in self._raw:
+            self._raw[split] = self._read_source(split)
+        return self._raw[split]
+
+    def _read_source(self, split: Split) -> list[Record] | None:
+        if self.data_dir is not None:
+            split_dir = self.data_dir / split
+            return _read_folder(split_dir, self.label_names) if split_dir.is_dir() else None
+        if self.files:
+            return _read_table(self.files[split], self.text_column, self.label_column) if split in self.files else None
+        dataset = self._hf()
+        name = {"train": "train", "val": "validation", "test": "test"}[split]
+        if name not in dataset:
+            return None
+        part = dataset[name]
+        for column in (self.text_column, self.label_column):
+            if column not in part.column_names:
+                raise ValueError(f"Hugging Face split {name!r} has no column {column!r}; it has {part.column_names}")
+        feature = part.features.get(self.label_column)
+        names = getattr(feature, "names", None)
+        labels = [names[v] if names is not None else str(v) for v in part[self.label_column]]
+        return list(zip(part[self.text_column], labels, strict=True))
+
+    def _source_fingerprint(self) -> str:
+        if self._fingerprint is None:
+            if self.data_dir is not None:
+                split_dirs = [self.data_dir / split for split in SPLITS if (self.data_dir / split).is_dir()]
+                files = [path for d in split_dirs for paths in _label_folders(d).values() for path in paths]
+                self._fingerprint = file_digest(files, root=self.data_dir)
+            elif self.files:
+                self._fingerprint = file_digest([self.files[s] for s in SPLITS if s in self.files])
+            else:
+                import datasets
+
+                self._fingerprint = f"hf:{self.hf_dataset}:{self.hf_config}:datasets-{datasets.__version__}"
+        return self._fingerprint
+
+    def _carved(self) -> dict[Split, list[Record]]:
+        """The training source split into train and the val/test portions of splits without a source."""
+        train = self._raw_split("train")
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(derive_seed(self.seed, "carve")))
+        n_test = round(self.test_fraction * len(train)) if self._raw_split("test") is None else 0
+        n_val = round(self.val_fraction * len(train)) if self._raw_split("val") is None else 0
+        parts = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
+        return {split: [train[i] for i in sorted(part.tolist())] for split, part in parts.items()}
+
+    def records(self, split: Split) -> list[Record]:
+        """The split's ``(text, label)`` pairs after carving val/test out of train and subsampling."""
+        own = self._raw_split(split)
+        chosen = own if split != "train" and own is not None else self._carved()[split]
+        limit = self.sizes[split]
+        if limit is not None and len(chosen) > limit:
+            keep = torch.randperm(len(chosen), generator=torch.Generator().manual_seed(derive_seed(self.seed, split)))
+            chosen = [chosen[i] for i in sorted(keep[:limit].tolist())]
+        if not chosen:
+            raise ValueError(f"the {split} split is empty; give it a source or a larger {split}_fraction")
+        return chosen
+
+    # ---- tokenising ----------------------------------------------------------------------------------
+    def _split_params(self) -> dict:
+        return {
+            "source": self._source_fingerprint(),
+            "text_column": self.text_column,
+            "label_column": self.label_column,
+            "fractions": [self.val_fraction, self.test_fraction],
+            "sizes": self.sizes,
+            "seed": self.seed,
+        }
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        """Where the tokenizer trained here is saved; None for ``byte`` or a given ``tokenizer_file``."""
+        if self.tokenizer == "byte" or self.tokenizer_file is not None:
+            return None
+        params = self._split_params() | {"kind": self.tokenizer, "vocab_size": self.tokenizer_vocab_size}
+        return cache_file(self.cache_dir, self.cache_name, "tokenizer", params).with_suffix(".json")
+
+    def cache_params(self) -> dict:
+        tokenizer_file_digest = None
+        if self.tokenizer_file is not None:
+            tokenizer_file_digest = hashlib.sha256(Path(self.tokenizer_file).read_bytes()).hexdigest()
+        return self._split_params() | {
+            "labels": self.label_names,
+            "max_seq_len": self.max_seq_len,
+            "truncation": self.truncation,
+            "tokenizer": self.tokenizer,
+            "tokenizer_vocab_size": self.tokenizer_vocab_size,
+            "tokenizer_file": tokenizer_file_digest,
+            "prepend_cls": self.prepend_cls,
+        }
+
+    def build_split(self, split: Split) -> Sequences:
+        records = self.records(split)
+        tokenizer = resolve_tokenizer(
+            self.tokenizer,
+            vocab_size=self.tokenizer_vocab_size,
+            tokenizer_file=self.tokenizer_file,
+            trained_path=self.tokenizer_path,
+            texts=lambda: [text for text, _ in self.records("train")],
+        )
+        labels = []
+        for text, label in records:
+            if label not in self.label_to_id:
+                raise ValueError(
+                    f"unknown label {label!r} in the {split} split (text {text[:40]!r}); known labels: "
+                    f"{self.label_names} (set `labels` to choose them)"
+                )
+            labels.append(self.label_to_id[label])
+        room = self.max_seq_len - self.prepend_cls
+        sequences, truncated = [], 0
+        for number, ids in enumerate(tokenizer.encode([text for text, _ in records])):
+            if len(ids) == 0:
+                raise ValueError(f"example {number} of {split} is empty after tokenisation")
+            if len(ids) > room:
+                if self.truncation == "error":
+                    raise ValueError(
+                        f"example {number} of {split} has {len(ids)} tokens, more than max_seq_len={self.max_seq_len}"
+                        f"{' minus 1 for <cls>' if self.prepend_cls else ''}; set truncation='keep_head' or "
+                        f"'keep_tail', or raise max_seq_len"
+                    )
+                ids = ids[:room] if self.truncation == "keep_head" else ids[-room:]
+                truncated += 1
+            sequences.append(torch.cat([torch.tensor([CLS_ID]), ids]) if self.prepend_cls else ids)
+        return Sequences.from_tensors(sequences, torch.tensor(labels, dtype=torch.int64), truncated)
+
+    def load_split(self, split: Split) -> Sequences:
+        fresh = split not in self.splits
+        data = super().load_split(split)
+        if fresh and data.truncated:
+            warnings.warn(
+                f"{data.truncated} of {len(data)} {split} texts are longer than max_seq_len={self.max_seq_len} "
+                f"tokens and were truncated (truncation={self.truncation!r})",
+                stacklevel=2,
+            )
+        return data
+
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        self._raw, self._hf_data = {}, None  # the raw texts are only needed while building
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        self._raw, self._hf_data = {}, None

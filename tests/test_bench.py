@@ -1,0 +1,346 @@
+"""The benchmark harness (``zoo bench``) on tiny sizes: what it records, how it fails, resumes and renders.
+
+No timing asserts: times are only checked to be present and positive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+
+import pytest
+import torch
+from rich.console import Console
+
+import attention_zoo as az
+from attention_zoo import registry
+from attention_zoo.full import FullAttention
+from experiments import bench_tables, cli, targets
+from experiments.bench import with_baseline
+from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, load_config, parse_attentions
+from experiments.bench_measure import measure_case
+from experiments.bench_report import write_outputs
+from experiments.bench_runner import Runner, precheck
+from experiments.bench_store import ResultStore, case_of
+from experiments.flops import _window_pairs, case_flops
+
+
+def core_case(attention="full", options=None, n=64, **changes) -> Case:
+    fields = dict(
+        attention=attention,
+        options=options or {},
+        level="core",
+        mode="fwd+bwd",
+        dtype="float32",
+        device="cpu",
+        seq_len=n,
+        batch=1,
+        heads=2,
+        dim_head=8,
+        threads=1,
+        causal=False,
+    )
+    return Case(**(fields | changes))
+
+
+def row_of(case: Case, **result) -> dict:
+    return dataclasses.asdict(case) | {"status": "ok", "detail": ""} | result
+
+
+# --- sweep definition ---------------------------------------------------------------------------------
+
+
+def test_attention_specs_parse_options_and_trailing_assignments():
+    specs = parse_attentions("full,linformer:k=128,lsh:n_hashes=4,bucket_size=64,nystrom:num_landmarks=32:pinv=exact")
+    assert [(s.attention, s.options) for s in specs] == [
+        ("full", {}),
+        ("linformer", {"k": 128}),
+        ("lsh", {"n_hashes": 4, "bucket_size": 64}),
+        ("nystrom", {"num_landmarks": 32, "pinv": "exact"}),
+    ]
+    assert specs[1].label == "linformer:k=128"
+    with pytest.raises(ValueError, match="before any attention"):
+        parse_attentions("k=3,full")
+
+
+def test_yaml_then_command_line(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        "attentions:\n  - full\n  - {attention: linformer, options: {k: 64}, min_seq_len: 256}\n"
+        "seq_lens: [128, 256]\nmodes: [fwd]\n"
+    )
+    config = load_config(path, {"seq_lens": [128, 256, 512]})
+    assert config.modes == ["fwd"] and config.seq_lens == [128, 256, 512]
+    cases = expand(config, "cpu")
+    assert [(c.attention, c.seq_len) for c in cases] == [
+        ("full", 128),
+        ("full", 256),
+        ("linformer", 256),
+        ("full", 512),
+        ("linformer", 512),
+    ]
+    path.write_text("seq_len: [1]\n")
+    with pytest.raises(ValueError, match="unknown key"):
+        load_config(path, {})
+    with pytest.raises(ValueError, match="modes"):
+        BenchConfig(modes=["backward"])
+
+
+def test_default_sweep_covers_every_registered_mechanism_and_the_baseline():
+    config = with_baseline(BenchConfig())
+    names = [s.attention for s in config.attentions]
+    assert set(names) == set(az.list_attentions())
+    assert names.count("full") == 1
+    only_linformer = with_baseline(BenchConfig(attentions=[AttentionSpec("linformer", {"k": 8})]))
+    assert only_linformer.attentions[0] == AttentionSpec("full")
+
+
+def test_case_key_ignores_model_sizes_that_do_not_apply():
+    a = expand(BenchConfig(attentions=[AttentionSpec("full")], dim=32, seq_lens=[64]), "cpu")[0]
+    b = expand(BenchConfig(attentions=[AttentionSpec("full")], dim=64, seq_lens=[64]), "cpu")[0]
+    assert a.key() == b.key()  # the core level has no model width
+    c, d = (
+        expand(BenchConfig(attentions=[AttentionSpec("full")], dim=w, levels=["layer"], seq_lens=[64]), "cpu")[0]
+        for w in (32, 64)
+    )
+    assert c.key() != d.key()
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["core", "mha", "layer", "encoder"])
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_every_level_and_mode_measures(level, mode):
+    config = BenchConfig(levels=[level], modes=[mode], seq_lens=[32], heads=[2], dim_head=[8], depth=2)
+    case = expand(dataclasses.replace(config, attentions=[AttentionSpec("full")]), "cpu")[0]
+    result = measure_case(case, repeats=2, warmup=1)
+    assert result["status"] == "ok", result
+    assert 0 < result["time_ms_min"] <= result["time_ms_median"] <= result["time_ms_max"]
+    assert result["memory_method"] == "rss-hwm" and result["total_mb"] >= result["peak_mb"] >= 0
+
+
+def test_cpu_memory_sees_the_attention_matrix():
+    """The math backend materialises B H n^2 scores (and their softmax): the peak must exceed them."""
+    case = core_case(options={"backend": "math"}, n=512, heads=8, mode="fwd")
+    result = measure_case(case, repeats=1, warmup=1)
+    scores_mb = 8 * 512 * 512 * 4 / 2**20
+    assert result["status"] == "ok" and result["peak_mb"] >= scores_mb
+
+
+def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    class Exploding(FullAttention):
+        def attend(self, q, k, v, *, mask, causal):
+            raise RuntimeError("boom")
+
+    class Starving(FullAttention):
+        def attend(self, q, k, v, *, mask, causal):
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    class NotCausal(FullAttention):
+        supports_causal = False
+
+    for name, cls in (("exploding", Exploding), ("starving", Starving), ("not_causal", NotCausal)):
+        monkeypatch.setitem(registry._REGISTRY, name, cls)
+    store = ResultStore(tmp_path)
+    runner = Runner(BenchConfig(isolation="none", repeats=1, warmup=0), store, "cpu")
+    cases = [
+        core_case("exploding"),
+        core_case("starving"),
+        core_case("not_causal", causal=True),
+        core_case("no_such_attention"),
+        core_case("full", {"bakcend": "math"}),
+        core_case("full", {"backend": "math"}, n=32, heads=3),  # the core is built for heads=3: fine
+        core_case("full"),
+    ]
+    assert runner.run(cases) == len(cases)
+    statuses = [store.latest()[c.key()]["status"] for c in cases]
+    assert statuses == ["error", "oom", "unsupported", "unsupported", "error", "ok", "ok"]
+    assert "boom" in store.latest()[cases[0].key()]["detail"]
+
+
+def test_isolated_worker_out_of_memory_and_timeout(tmp_path):
+    """A real allocation beyond the budget fails inside the worker (RLIMIT_AS) and is recorded as oom."""
+    config = BenchConfig(repeats=1, warmup=0, memory_budget_gb=0.05)
+    runner = Runner(config, ResultStore(tmp_path), "cpu")
+    big = core_case(options={"backend": "math"}, n=1024, batch=4, heads=8, mode="fwd")  # 128 MB of scores
+    result = runner.measure(big, repeats=1, warmup=0)
+    assert result["status"] == "oom", result
+    slow = runner.measure(core_case(), repeats=1, warmup=0, timeout_s=0.01)
+    assert slow["status"] == "timeout"
+
+
+def test_max_batch_search_doubles_then_bisects(tmp_path, monkeypatch):
+    limit, asked = 37, []
+
+    def fake_measure(self, case, *, repeats, warmup, timeout_s=None):
+        asked.append(case.batch)
+        if case.batch > limit:
+            return {"status": "oom", "detail": "too big"}
+        return {"status": "ok", "time_ms_median": 2.0 * case.batch, "total_mb": case.batch, "peak_mb": 1.0}
+
+    monkeypatch.setattr(Runner, "measure", fake_measure)
+    runner = Runner(BenchConfig(max_batch=True, max_batch_cap=1000), ResultStore(tmp_path), "cpu")
+    result = runner.search_max_batch(dataclasses.replace(core_case(), batch=None, kind="max_batch"))
+    assert result["max_batch"] == limit and result["limited_by"] == "memory"
+    assert asked[:7] == [1, 2, 4, 8, 16, 32, 64] and asked[-1] == limit
+    assert result["ms_per_sequence_at_max_batch"] == pytest.approx(2.0)
+    capped = Runner(BenchConfig(max_batch=True, max_batch_cap=16), ResultStore(tmp_path), "cpu")
+    assert capped.search_max_batch(core_case(batch=None, kind="max_batch"))["limited_by"] == "cap"
+
+
+def test_precheck_needs_no_process():
+    assert precheck(core_case()) is None
+    assert precheck(core_case("no_such_attention"))["status"] == "unsupported"
+
+
+# --- the store ----------------------------------------------------------------------------------------
+
+
+def test_store_drops_a_half_written_line_and_resumes(tmp_path):
+    store = ResultStore(tmp_path)
+    first, second = core_case(n=32), core_case(n=64)
+    store.append(row_of(first, time_ms_median=1.0))
+    with open(store.path, "ab") as handle:  # a kill in the middle of the second append
+        handle.write(json.dumps(row_of(second, time_ms_median=2.0)).encode()[:40])
+    with pytest.warns(UserWarning, match="half-written"):
+        reopened = ResultStore(tmp_path)
+    assert list(reopened.latest()) == [first.key()]
+    reopened.append(row_of(second, time_ms_median=2.0))
+    lines = store.path.read_text().splitlines()
+    assert [json.loads(line)["seq_len"] for line in lines] == [32, 64]
+    assert case_of(json.loads(lines[1])) == second
+
+
+def test_rerun_skips_finished_cases(tmp_path):
+    config = BenchConfig(isolation="none", repeats=1, warmup=0)
+    cases = [core_case(n=32), core_case(n=48)]
+    assert Runner(config, ResultStore(tmp_path), "cpu").run(cases) == 2
+    store = ResultStore(tmp_path)
+    assert Runner(config, store, "cpu").run(cases + [core_case(n=64)]) == 1
+    assert len(store.path.read_text().splitlines()) == 3
+
+
+def test_zoo_bench_end_to_end_in_worker_processes(tmp_path, capsys):
+    """The issue's command, tiny: isolated workers, every output file, then a resume that runs nothing."""
+    argv = ["bench", "--attentions", "full", "--seq-lens", "64,128", "--mode", "fwd+bwd"]
+    argv += ["--heads", "2", "--dim-head", "8", "--repeats", "2", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    rows = list(ResultStore(tmp_path).latest().values())
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        assert row["time_ms_median"] > 0 and row["peak_mb"] >= 0 and row["total_mb"] > 0
+        assert row["flops"] == 3 * 4 * 2 * row["seq_len"] ** 2 * 8 and row["gflops_per_s"] > 0
+        assert row["machine"]["torch"] == torch.__version__ and row["threads"] == 1
+    csv_header = (tmp_path / "results.csv").read_text().splitlines()[0].split(",")
+    assert {"time_ms_median", "time_ms_min", "time_ms_max", "peak_mb", "status", "machine.cpu_model"} <= set(csv_header)
+    report = (tmp_path / "report.md").read_text()
+    assert "| full | " in report and "1 (the CPU default is 1" in report
+    assert list((tmp_path / "plots").glob("*.png"))
+    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    assert "resuming: 2 of 2 cases" in capsys.readouterr().out
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
+
+
+# --- tables, FLOPs, targets ---------------------------------------------------------------------------
+
+
+def fixture_rows() -> list[dict]:
+    """Full attention and Linformer k=128/256 at n = 512..2048, timed and max-batch searched."""
+    times = {"full": {512: 1.0, 1024: 4.0, 2048: 16.0}, 128: {512: 2.0, 1024: 2.0, 2048: 4.0}, 256: {1024: 4.0}}
+    memory = {"full": 54.0, 128: 41.0, 256: 81.0}
+    batches = {"full": {512: 10, 1024: 4, 2048: 1}, 128: {512: 17, 1024: 12, 2048: 6}, 256: {1024: 8}}
+    rows = []
+    for config, per_n in times.items():
+        attention, options = ("full", {}) if config == "full" else ("linformer", {"k": config})
+        for n, ms in per_n.items():
+            case = core_case(attention, options, n=n, heads=8, dim_head=64)
+            rows.append(row_of(case, time_ms_median=ms, peak_mb=memory[config], flops=None))
+            search = dataclasses.replace(case, batch=None, kind="max_batch")
+            batch = batches[config][n]
+            rows.append(row_of(search, max_batch=batch, limited_by="memory", ms_per_sequence_at_max_batch=ms / batch))
+    rows.append(row_of(core_case("linformer", {"k": 256}, n=2048, heads=8, dim_head=64), status="oom"))
+    return rows
+
+
+def test_nystromformer_layout_from_fixture():
+    table = bench_tables.nystromformer_table(fixture_rows())
+    assert "| self-attention | n=512 memory (MB) | n=512 time (ms) | n=1024 memory (MB) |" in table
+    assert "| full | 54 (1.0x) | 1 (1.0x) | 54 (1.0x) | 4 (1.0x) | 54 (1.0x) | 16 (1.0x) |" in table
+    assert "| linformer:k=128 | 41 (1.3x) | 2 (0.5x) | 41 (1.3x) | 2 (2.0x) | 41 (1.3x) | 4 (4.0x) |" in table
+    assert "| linformer:k=256 | - | - | 81 (0.67x) | 4 (1.0x) | oom | oom |" in table
+
+
+def test_linformer_table3_layout_from_fixture():
+    text = bench_tables.linformer_table(fixture_rows())
+    by_max_batch, at_fixed_batch = text.split("#### linformer vs full")[1:]
+    assert "largest batch" in by_max_batch
+    # time per sequence at each one's largest batch: full 1/10 vs 2/17 ms at n=512, 16/1 vs 4/6 at 2048
+    assert "| 512 | 0.85x | - |" in by_max_batch and "| 2048 | 24x | - |" in by_max_batch
+    assert "| 512 | 1.7x | - |" in by_max_batch and "| 1024 | 3.0x | 2.0x |" in by_max_batch
+    assert "a bound" not in by_max_batch  # every search in the fixture stopped at the memory limit
+    assert "| 1024 | 2.0x | 1.0x |" in at_fixed_batch and "| 2048 | 4.0x | oom |" in at_fixed_batch
+
+
+def test_crossover_is_where_a_mechanism_stays_faster():
+    base = {n: {"status": "ok", "time_ms_median": float(n)} for n in (512, 1024, 2048)}
+    mech = lambda *ms: {n: {"status": "ok", "time_ms_median": t} for n, t in zip((512, 1024, 2048), ms, strict=True)}
+    assert bench_tables.crossover(mech(600, 900, 1000), base) == "1024"
+    assert bench_tables.crossover(mech(100, 2000, 1000), base) == "2048"
+    assert bench_tables.crossover(mech(100, 200, 300), base) == "<= 512"
+    assert bench_tables.crossover(mech(600, 2000, 3000), base) == "> 2048"
+    table = bench_tables.crossover_table(fixture_rows())
+    assert (
+        "| linformer:k=128 | core · fwd+bwd · float32 · cpu · B=1 · H=8 · D=64 · 1 thread | 1024 | 2048 | 4.0x |"
+        in (table)
+    )
+
+
+def test_flops_formulas():
+    case = core_case(n=100, batch=3, heads=2, dim_head=8)
+    assert case_flops(case) == 3 * 4 * 3 * 2 * 100**2 * 8  # fwd+bwd = 3x the forward
+    assert case_flops(dataclasses.replace(case, mode="fwd")) == 4 * 3 * 2 * 100**2 * 8
+    assert case_flops(core_case("no_such_attention")) is None
+
+
+def test_window_pair_count_matches_the_dense_pattern():
+    patterns = pytest.importorskip("attention_zoo.sparse_patterns")
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None]
+    for window, globals_ in ((8, 0), (8, 3), (100, 2)):
+        allowed = patterns.generate_longformer(window, globals_)(0, 0, i, j)
+        assert _window_pairs(40, window // 2, globals_, False) == int(allowed.sum())
+        assert _window_pairs(40, window // 2, globals_, True) == int((allowed & (j <= i)).sum())
+
+
+def test_outputs_from_fixture(tmp_path):
+    store = ResultStore(tmp_path)
+    for row in fixture_rows():
+        store.append(row | {"machine": {"device": "cpu", "torch": "x"}})
+    paths = write_outputs(store)
+    assert paths["markdown"].read_text().count("Linformer Table 3 layout") == 1
+    assert len(paths["plots"]) == 1 and paths["plots"][0].stat().st_size > 0
+    assert "linformer" in paths["csv"].read_text()
+
+
+def test_targets_table_reads_the_protocol_rows():
+    names = {"linformer"} if "linformer" in az.list_attentions() else None
+    cases = targets.target_cases(names, threads=1)
+    assert cases[0] == targets.protocol_case("full", {}, 4096, 1)
+    rows = {c.key(): row_of(c, time_ms_min=1000.0 if c.attention == "full" else c.seq_len / 20) for c in cases}
+    console = Console(file=io.StringIO(), width=200)
+    console.print(targets.targets_table(rows, names, threads=1))
+    text = console.file.getvalue()
+    assert all(t.attention in text for t in targets.selected(names))
+    if names:  # linformer: 1000 ms / (4096 / 20) ms, and t(8192) / t(2048) = 4 <= 5
+        assert f"{1000 / (4096 / 20):.2f}x" in text and "4.00" in text and "yes" in text
+
+
+def test_peak_fraction_is_a_fraction(tmp_path):
+    runner = Runner(BenchConfig(isolation="none"), ResultStore(tmp_path), "cpu")
+    stats = runner.throughput(core_case(n=256), time_ms=1.0)
+    assert stats["gflops_per_s"] == pytest.approx(3 * 4 * 2 * 256**2 * 8 / 1e-3 / 1e9)
+    assert stats["device_peak_tflops"] > 0 and not math.isnan(stats["peak_fraction"])

@@ -1,0 +1,264 @@
+"""Sparse attention (``local``, ``sparse``, ``longformer``, ``bigbird``): exact on its pattern.
+
+The reference here is independent of the code under test: each pattern's connectivity sets are written
+out again with Python loops from the papers' definitions, and attention over them is computed in float64
+with an explicit softmax. Both implementations (``impl="blocked"`` and ``impl="dense"``) must match it
+to 1e-10, with and without causal masking and key padding, at lengths that are not multiples of any tile.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch.nn.attention.flex_attention import and_masks, create_mask
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import attention_zoo as az
+from attention_zoo.masks import pad_mask
+from attention_zoo.sparse_patterns import (
+    bigbird_random_blocks,
+    causal_mask,
+    dense_mask,
+    generate_sliding_window,
+    generate_strided,
+    generate_strided_columns,
+)
+
+TIGHT = dict(rtol=0.0, atol=1e-10)  # float64, exact up to summation order
+HEADS, DIM_HEAD = 2, 8
+
+CONFIGS = [
+    ("local", {"window": 8}),
+    ("local", {"window": 2}),
+    ("sparse", {"pattern": "strided", "stride": 6}),
+    ("sparse", {"pattern": "fixed", "stride": 8, "summary_columns": 2}),
+    ("sparse", {"pattern": "blockwise", "block_size": 6}),
+    ("sparse", {"pattern": "longformer", "window": 8, "global_tokens": 2}),
+    ("sparse", {"pattern": "bigbird", "block_size": 4, "global_tokens": 4, "random_blocks": 1}),
+    ("longformer", {"window": 6, "global_tokens": 3}),
+    ("bigbird", {"block_size": 5, "window_blocks": 1, "global_tokens": 2, "random_blocks": 2, "seed": 7}),
+]
+IDS = [f"{name}-{'-'.join(map(str, options.values()))}" for name, options in CONFIGS]
+
+
+def reference_allowed(name: str, options: dict, n: int, causal: bool) -> Tensor:
+    """``(n, n)`` connectivity from the papers' set definitions, one (i, j) at a time."""
+    o = {"pattern": name, **options}
+    kind = o["pattern"]
+    if kind == "bigbird":
+        o = {"window_blocks": 3, "random_blocks": 3, "seed": 0, **o}
+        b, wb = o["block_size"], o["window_blocks"]
+        table = bigbird_random_blocks(
+            -(-n // b),
+            window_blocks=wb,
+            global_blocks=o["global_tokens"] // b,
+            random_blocks=o["random_blocks"],
+            seed=o["seed"],
+            causal=causal,
+        ).tolist()
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        for j in range(n):
+            if kind == "local":
+                ok = abs(i - j) <= o["window"] // 2
+            elif kind == "strided":
+                ok = abs(i - j) <= o["stride"] or (i - j) % o["stride"] == 0
+            elif kind == "fixed":
+                ok = i // o["stride"] == j // o["stride"] or j % o["stride"] >= o["stride"] - o["summary_columns"]
+            elif kind == "blockwise":
+                ok = i // o["block_size"] == j // o["block_size"]
+            elif kind == "longformer":
+                ok = abs(i - j) <= o["window"] // 2 or i < o["global_tokens"] or j < o["global_tokens"]
+            else:
+                ok = abs(i // b - j // b) <= wb // 2 or i < o["global_tokens"] or j < o["global_tokens"]
+                ok = ok or j // b in table[i // b]
+            allowed[i, j] = ok and (j <= i or not causal)
+    return allowed
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """softmax over allowed keys only, explicit; rows with no allowed key are 0. ``allowed``: (B, 1, N, N)."""
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    scores = torch.where(allowed, scores, torch.full_like(scores, float("-inf")))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0))
+    total = weights.sum(dim=-1, keepdim=True)
+    return (weights / torch.where(total > 0, total, torch.ones_like(total))) @ v
+
+
+def make(name: str, options: dict, **extra) -> az.AttentionCore:
+    return az.create_attention(name, dim_head=DIM_HEAD, heads=HEADS, max_seq_len=None, **options, **extra).double()
+
+
+def inputs(b: int, n: int, seed: int = 0) -> list[Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, HEADS, n, DIM_HEAD, generator=generator, dtype=torch.float64) for _ in range(3)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [17, 29, 40])
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_equals_full_attention_restricted_to_the_pattern(name, options, n, causal):
+    q, k, v = inputs(3, n)
+    mask = pad_mask(torch.tensor([n, n - 7, 0]), n)  # the last batch item has no real key at all
+    allowed = reference_allowed(name, options, n, causal)[None, None] & mask[:, None, None, :]
+    expected = reference_attention(q, k, v, allowed)
+    for impl in ("blocked", "dense"):
+        out = make(name, options, impl=impl)(q, k, v, mask=mask, causal=causal)
+        torch.testing.assert_close(out, expected, **TIGHT, msg=f"impl={impl}")
+    assert not allowed[0, 0].all(), "the pattern should be sparse at this length"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_gradients_match_the_dense_reference(name, options, causal):
+    n = 37
+    mask = pad_mask(torch.tensor([n, 30]), n)
+    grad = inputs(2, n, seed=3)[0]
+    grads = {}
+    for impl in ("blocked", "dense"):
+        q, k, v = (t.requires_grad_(True) for t in inputs(2, n))
+        make(name, options, impl=impl)(q, k, v, mask=mask, causal=causal).backward(grad)
+        grads[impl] = (q.grad, k.grad, v.grad)
+    for blocked, dense in zip(grads["blocked"], grads["dense"], strict=True):
+        torch.testing.assert_close(blocked, dense, **TIGHT)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_mask_functions_follow_flex_attention_convention(name, options, causal):
+    """The same function under FlexAttention's vmap-based ``create_mask`` gives the same dense mask."""
+    n = 29
+    mask_mod = make(name, options).mask_mod(n, causal)
+    expected = reference_allowed(name, options, n, causal)
+    assert torch.equal(dense_mask(mask_mod, n), expected)
+    assert torch.equal(create_mask(mask_mod, 1, 1, n, n, device="cpu")[0, 0], expected)
+
+
+@pytest.mark.parametrize("stride", [1, 3, 6])
+def test_strided_splits_into_a_window_and_disjoint_columns(stride):
+    """The blocked path runs the strided pattern as two tile-friendly parts; they must partition it."""
+    n = 40
+    window = dense_mask(generate_sliding_window(2 * stride), n)
+    columns = dense_mask(generate_strided_columns(stride), n)
+    assert not (window & columns).any()
+    assert torch.equal(window | columns, dense_mask(generate_strided(stride), n))
+
+
+def test_bigbird_random_blocks_are_seeded():
+    n = 64
+    first = make("bigbird", {"block_size": 4, "random_blocks": 2, "seed": 1}).mask_mod(n, False)
+    again = make("bigbird", {"block_size": 4, "random_blocks": 2, "seed": 1}).mask_mod(n, False)
+    other = make("bigbird", {"block_size": 4, "random_blocks": 2, "seed": 2}).mask_mod(n, False)
+    assert torch.equal(dense_mask(first, n), dense_mask(again, n))
+    assert not torch.equal(dense_mask(first, n), dense_mask(other, n))
+
+
+def test_bigbird_random_blocks_avoid_seen_blocks_and_the_future():
+    options = dict(window_blocks=3, global_blocks=1, random_blocks=3, seed=0)
+    table = bigbird_random_blocks(16, **options, causal=False)
+    causal = bigbird_random_blocks(16, **options, causal=True)
+    for row in range(16):
+        for drawn, earliest_excluded in ((table[row], 16), (causal[row], row - 1)):
+            real = drawn[drawn >= 0]
+            assert len(set(real.tolist())) == len(real), "drawn without replacement"
+            assert ((real - row).abs() > 1).all() and (real >= 1).all(), "outside the window and the global block"
+            assert (real < earliest_excluded).all()
+    assert (table >= 0).sum() == 16 * 3, "every query block has 3 blocks to draw from when not causal"
+    # causal rows depend on the query block only: a shorter sequence's table is a prefix
+    torch.testing.assert_close(bigbird_random_blocks(9, **options, causal=True), causal[:9], rtol=0, atol=0)
+
+
+def test_aliases_equal_sparse_with_their_pattern():
+    q, k, v = inputs(2, 40)
+    for alias, options in [
+        ("longformer", {"window": 8, "global_tokens": 2}),
+        ("bigbird", {"block_size": 4, "random_blocks": 1, "seed": 3}),
+    ]:
+        for causal in (False, True):
+            expected = make("sparse", {"pattern": alias, **options})(q, k, v, causal=causal)
+            torch.testing.assert_close(make(alias, options)(q, k, v, causal=causal), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"pattern": "strided", "stride": 4, "block_size": 8}, "does not use block_size"),
+        ({"pattern": "blockwise", "block_size": 4, "seed": 1}, "does not use seed"),
+        ({"pattern": "fixed", "stride": 4}, "needs summary_columns"),
+        ({"pattern": "fixed", "stride": 4, "summary_columns": 5}, "summary_columns must be <= stride"),
+        ({"pattern": "longformer", "window": 7}, "window must be an even int"),
+        ({"pattern": "bigbird", "window_blocks": 2}, "window_blocks must be odd"),
+        ({"pattern": "bigbird", "random_blocks": -1}, "random_blocks must be >= 0"),
+    ],
+)
+def test_invalid_options_raise(options, message):
+    with pytest.raises(ValueError, match=message):
+        make("sparse", options)
+
+
+def test_local_window_must_be_even():
+    with pytest.raises(ValueError, match="even int >= 2.*got 5"):
+        make("local", {"window": 5})
+
+
+def test_half_precision_is_computed_in_float32():
+    q, k, v = (t.float() for t in inputs(2, 40))
+    core = make("sparse", {"pattern": "bigbird", "block_size": 4, "global_tokens": 4, "random_blocks": 1}).float()
+    expected = core(q, k, v, causal=True)
+    low = [t.bfloat16().requires_grad_(True) for t in (q, k, v)]
+    out = core(*low, causal=True)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and all(t.grad.dtype == torch.bfloat16 for t in low)
+    torch.testing.assert_close(out.float(), expected, rtol=0.0, atol=3e-2)  # bf16 inputs: 8-bit mantissa
+
+
+def test_cross_attention_is_refused():
+    q, k, v = inputs(1, 24)
+    k, v = inputs(1, 40)[1:]
+    with pytest.raises(ValueError, match="self-attention only"):
+        make("local", {"window": 8})(q, k, v)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any operation returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(func.overloadpacket.__name__)
+        self.numel = max([self.numel] + [t.numel() for t in tree_leaves(out) if isinstance(t, Tensor)])
+        return out
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "keys_per_query"),
+    [
+        ("local", {"window": 16}, 8 + 16),  # tiles of 8 queries, each against a band of 8 + 16 keys
+        ("sparse", {"pattern": "bigbird", "block_size": 8, "global_tokens": 0, "random_blocks": 1}, (3 + 1) * 8),
+    ],
+)
+def test_blocked_path_memory_is_linear_in_n(name, options, keys_per_query):
+    """No tensor of the blocked forward + backward grows as n^2: the largest is heads x n x (keys per tile)."""
+    n = 512
+    core = make(name, options)
+    q, k, v = (t.requires_grad_(True) for t in inputs(1, n))
+    core(q, k, v)  # the layout is built (and cached) once per length
+    with LargestTensor() as probe:
+        core(q, k, v, mask=pad_mask(torch.tensor([500]), n)).sum().backward()
+    assert "index_add_" in probe.ops, "the probe saw the backward"
+    assert probe.numel <= HEADS * n * keys_per_query < n * n
+    with LargestTensor() as dense:
+        make(name, options, impl="dense")(q, k, v)
+    assert dense.numel >= HEADS * n * n, "the probe sees an n x n tensor where there is one"
+
+
+def test_causal_mask_composes_like_flex_attention():
+    mask_mod = and_masks(make("local", {"window": 4}).pattern(6, True), causal_mask)
+    expected = torch.tensor([[abs(i - j) <= 2 and j <= i for j in range(6)] for i in range(6)])
+    assert torch.equal(dense_mask(mask_mod, 6), expected)
