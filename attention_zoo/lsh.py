@@ -21,15 +21,17 @@ sums over in round r, A_i^(r), are exactly:
   of the future). (11) always holds the m places before s_i, plus up to m - 1 more that depend on that
   alignment; A_i keeps the former only. A token's rank inside its bucket depends only on earlier tokens,
   so query i's output depends only on tokens at positions <= i.
-- N_ij counts the rounds whose A_i^(r') holds j, the sets actually summed, so o_i is exactly softmax
-  attention over U_r A_i^(r) with every key once. The paper counts the bucket sets P_i^(r'); the two agree
+- Duplicates: eq. (13) sums each of a pair's N_ij copies with weight 1/N_ij. Here N_ij counts the rounds
+  whose A_i^(r') holds j (the sets actually summed) and only the first copy is kept, with weight 1: the same
+  o_i, exactly softmax attention over U_r A_i^(r) with every key once, for n_hashes (n_hashes + 1) / 2
+  pairwise interval tests instead of n_hashes^2. The paper counts the bucket sets P_i^(r'); the two agree
   under its assumption P_i^(r) in P~_i^(r), otherwise its literal N under-weights keys a chunk cut off.
 - Self: a token attends to itself (o_i = v_i) exactly when U_r A_i^(r) is empty, the 1e5 -> inf limit of
   (16) with no constant that overflows half precision.
 - Buckets: ``n_buckets``, or ``bucket_size`` (default 64 when neither is given): n_buckets =
   max(2, 2 floor(N' / (2 bucket_size))) with N' the length padded to a multiple of m, so the average bucket
   holds about bucket_size tokens. ``chunk_size`` defaults to bucket_size, else to the paper's
-  m = 2 ceil(N / n_buckets). ``n_buckets=1`` skips hashing (one bucket): with chunk_size >= N that is full
+  m = min(N, 2 ceil(N / n_buckets)). ``n_buckets=1`` skips hashing (one bucket): with chunk_size >= N that is full
   shared-QK attention with the self-mask, the reference the tests check the chunking against.
 - Rotations R: one per head and round, drawn in float64 from a CPU generator seeded by ``seed``, then cast;
   they depend on (seed, n_buckets) only, never on the batch, dtype or call. The paper redraws them per
@@ -39,9 +41,9 @@ sums over in round r, A_i^(r), are exactly:
   on padded content; padded outputs are zero. Self-attention only (Nq == Nk): queries and keys share
   buckets. Buckets come from q; the multi-head block passes k = q.
 
-Complexity: time O(B H n_hashes N 2m d) plus an O(N log N) sort per round; memory O(B H n_hashes N 2m) for
-the pairwise scores, computed for a few (batch, head) rows at a time; the custom backward recomputes them
-(as FlashAttention does), so what is kept for backward is O(B H N (d + n_hashes)).
+Complexity: time O(B H n_hashes N (2m d + n_buckets d / 2)) plus a sort per round; memory O(B H n_hashes N 2m):
+the probabilities of each round's windows, kept for the custom backward (FlashAttention's formulas), while
+every other pairwise temporary lives in blocks of BLOCK_PAIRS pairs, reused across blocks.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class LSHAttention(AttentionCore):
 
     def chunk_and_buckets(self, n: int) -> tuple[int, int]:
         """The chunk length m and bucket count for sequences of length ``n``."""
-        m = self.chunk_size or 2 * -(-n // self.n_buckets_option)
+        m = self.chunk_size or max(1, min(n, 2 * -(-n // self.n_buckets_option)))
         if self.n_buckets_option is not None:
             return m, self.n_buckets_option
         return m, max(2, 2 * ((-(-n // m) * m) // (2 * self.bucket_size)))
@@ -133,6 +135,7 @@ class LSHAttention(AttentionCore):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, n: positions (padded to a multiple of m), d: head dim
         b, h, n, _ = q.shape
+        dtype = q.dtype
         m, n_buckets = self.chunk_and_buckets(n)
         pad = -(-n // m) * m - n
         compute = torch.promote_types(q.dtype, torch.float32)
@@ -144,7 +147,7 @@ class LSHAttention(AttentionCore):
         rows = "b h ... -> (b h) ..."
         inputs = (q * self.scale, F.normalize(k, dim=-1), v, order, place, lo, hi)
         out = _LSHFunction.apply(*(rearrange(t, rows) for t in inputs), repeat(real, "b n -> (b h) n", h=h), m)
-        return rearrange(out, "(b h) n d -> b h n d", b=b)[:, :, :n].to(q.dtype)
+        return rearrange(out, "(b h) n d -> b h n d", b=b)[:, :, :n].to(dtype)
 
 
 def sorted_windows(buckets: Tensor, n_buckets: int, m: int, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -202,7 +205,7 @@ class _LSHFunction(torch.autograd.Function):
         for (*_, query, _), p, p_max in zip(blocks, _split(probs, order, m), row_max, strict=True):
             # P^(r) normalised by z_i (eq. 14) instead of z(i, P_i^(r)) (eq. 15)
             p.mul_(p_max.sub_(_take(lse[..., None], query, pool, "lse")).exp_())
-        attended = (lse > -MASKED) & real
+        attended = (lse > -MASKED / 2) & real
         out = torch.where(attended[..., None], out, v * real[..., None])
         ctx.save_for_backward(q, keys, v, order, out, attended, real, probs)
         ctx.m = m
@@ -217,7 +220,9 @@ class _LSHFunction(torch.autograd.Function):
         grad_out = grad_out * attended[..., None]
         delta = (grad_out * out).sum(-1, keepdim=True)
         for (*_, query, window), p in zip(_blocks(order, m), _split(probs, order, m), strict=True):
-            q_s, do_s, delta_s = (_take(t, query, pool, name) for t, name in ((q, "q"), (grad_out, "do"), (delta, "dl")))
+            q_s, do_s, delta_s = (
+                _take(t, query, pool, name) for t, name in ((q, "q"), (grad_out, "do"), (delta, "dl"))
+            )
             k_w, v_w = _take(keys, window, pool, "k"), _take(v, window, pool, "v")
             dscores = torch.matmul(do_s, v_w.mT, out=_buffer(pool, "ds", p.shape, p)).sub_(delta_s).mul_(p)
             sorted_grads = (
@@ -226,7 +231,10 @@ class _LSHFunction(torch.autograd.Function):
                 (grad_v, window, torch.matmul(p.mT, do_s, out=_buffer(pool, "dv", v_w.shape, v_w))),
             )
             for grad, index, sorted_grad in sorted_grads:  # index_add_ into a view of grad
-                flat_index, flat_grad = rearrange(index, "g c j -> (g c j)"), rearrange(sorted_grad, "g c j d -> (g c j) d")
+                flat_index, flat_grad = (
+                    rearrange(index, "g c j -> (g c j)"),
+                    rearrange(sorted_grad, "g c j d -> (g c j) d"),
+                )
                 rearrange(grad, "g n d -> (g n) d").index_add_(0, flat_index, flat_grad)
         return grad_q, grad_keys, grad_v, None, None, None, None, None, None
 
@@ -297,7 +305,7 @@ def _mask_penalty(query_info, key_info, r: int, query: Tensor, window: Tensor, f
     # g: rows, t: (lo + hi, hi - lo, hi - lo + 2), s: rounds, c: chunks, i: query in chunk, j: key in window.
     # j in A_i^(s) <=> lo_i <= s_j <= hi_i <=> |x| <= w with x = 2 s_j - (lo_i + hi_i) and w = hi_i - lo_i, of
     # equal parity: |x| - w is <= 0 inside and >= 2 outside.
-    (g, c, m), shape = query.shape, (*query.shape, window.shape[-1])
+    (g, _, m), shape = query.shape, (*query.shape, window.shape[-1])
     per_query = query_info.index_select(0, rearrange(query, "g c i -> (g c i)"))
     centre, width, width_2 = rearrange(per_query, "(g c i) (t s) -> t s g c i 1", g=g, i=m, t=3).unbind(0)
     per_key = key_info.index_select(0, rearrange(window, "g c j -> (g c j)"))

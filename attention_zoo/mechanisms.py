@@ -1,7 +1,10 @@
 """Imports every built-in mechanism so that its ``@register_attention`` runs; one line per file."""
 
-from attention_zoo import full  # noqa: F401
-from attention_zoo import linformer, linformer_causal  # noqa: F401
-from attention_zoo import nystrom  # noqa: F401
-from attention_zoo import sparse  # noqa: F401
-from attention_zoo import lsh  # noqa: F401
+from attention_zoo import (  # noqa: F401
+    full,  # noqa: F401
+    linformer,
+    linformer_causal,
+    lsh,  # noqa: F401
+    nystrom,  # noqa: F401
+    sparse,  # noqa: F401
+)

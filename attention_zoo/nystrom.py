@@ -184,6 +184,11 @@ class NystromAttention(AttentionCore):
             raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
         if pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
+        if pinv == "exact" and pinv_iterations != 6:
+            raise ValueError(
+                f"pinv_iterations={pinv_iterations} has no effect with pinv='exact' (torch.linalg.pinv); "
+                "drop it, or use pinv='iterative'"
+            )
         if conv_kernel_size is not None and (conv_kernel_size < 1 or conv_kernel_size % 2 == 0):
             raise ValueError(
                 f"conv_kernel_size must be a positive odd int (the paper uses 33) or None, got {conv_kernel_size}"

@@ -141,6 +141,8 @@ def measure_case(case: Case, *, repeats: int, warmup: int) -> dict[str, Any]:
         if cuda and not torch.cuda.is_available():
             return {"status": "unsupported", "detail": "CUDA is not available on this machine"}
         torch.set_num_threads(case.threads)
+        if method == "rss-hwm" and _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)  # both baselines are taken after a trim, so total_mb >= peak_mb
         start_bytes = _allocated_bytes(method)
         step = build_step(case)
         seconds = time_calls(step, warmup, repeats, case.device)

@@ -5,10 +5,14 @@ compare accuracy, throughput and peak memory, all measured in the same training 
     zoo compare --attentions 'full,linformer:k=32,local:window=16'
     zoo compare --task_config configs/listops.yaml --experiment listops -- --trainer.max_steps 200
 
+Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
+sizes (``fit_args``) and per-mechanism ``options``; with one, only what is given applies.
+
 ``--attentions`` is a comma-separated list; ``name:opt=value`` starts an entry with options and further
 ``opt=value`` items add to it (``linformer:k=32,sharing=kv,local:window=16``); values are YAML
 (``32`` an int, ``true`` a bool). An entry without options takes them from the config's ``options``
-section, else from the mechanism's first ``example_configs`` entry. Without ``--attentions``, every
+section, else the mechanism's defaults, else (when an option is required) its first ``example_configs``
+entry, which is sized for sequences of about 64 tokens. Without ``--attentions``, every
 registered mechanism that takes padding masks runs. Arguments after ``--`` go to every ``zoo fit``.
 
 Each mechanism trains in its own ``zoo fit`` subprocess (``threads`` torch threads), so a crash or an
@@ -30,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +45,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 import attention_zoo as az
+from attention_zoo.registry import attention_options
 from experiments.console import console
+from tasks.callbacks import RUN_RECORD
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
-RUN_RECORD = "run.json"  # written by tasks.callbacks.RunRecord in each run's directory
 COLUMNS = (
-    "mechanism", "attention", "options", "status", "val_acc", "val_loss", "train_loss", "val_ppl",
+    "mechanism", "attention", "options", "options_from", "status", "val_acc", "val_loss", "train_loss", "val_ppl",
     "tokens_per_s", "peak_mem_mb", "train_mem_mb", "parameters", "steps", "fit_s", "wall_s", "reason",
 )  # fmt: skip
 
@@ -60,19 +65,21 @@ class Entry:
     options: dict[str, Any]
     options_from: str
     label: str = ""
-    result: dict[str, Any] = field(default_factory=dict)
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(
-        prog="zoo compare",
-        description=__doc__.split("\n\n")[0],
-        default_config_files=[str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.exists() else [],
+    parser = ArgumentParser(prog="zoo compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task_config)"
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a compare config (default: configs/compare.yaml)")
-    parser.add_argument("--experiment", type=str, default="compare", help="name of the experiment directory")
+    parser.add_argument("--experiment", type=str | None, default=None, help="experiment directory (default: the task)")
     parser.add_argument("--task_config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
-    parser.add_argument("--attentions", type=str | None, default=None, help="e.g. 'full,linformer:k=32'")
+    parser.add_argument(
+        "--attentions",
+        type=str | None,
+        default=None,
+        help="comma-separated; name:opt=value[,opt=value] sets options, e.g. full,linformer:k=32,sharing=kv",
+    )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
     parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
     parser.add_argument("--seed", type=int, default=0, help="seed_everything of every run (model init, dropout)")
@@ -120,7 +127,9 @@ def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Ent
             entries.append(Entry(name, given, "command line"))
         elif name in options:
             entries.append(Entry(name, dict(options[name]), "config"))
-        else:
+        elif not any(spec.required for spec in attention_options(cls)):
+            entries.append(Entry(name, {}, "defaults"))
+        else:  # a required option (a window, a rank) has no default to fall back on
             entries.append(Entry(name, dict(cls.example_configs[0]), "example_configs"))
     for entry in entries:
         twins = [e for e in entries if e.attention == entry.attention]
@@ -202,6 +211,7 @@ def run_entry(
         "mechanism": entry.label,
         "attention": entry.attention,
         "options": json.dumps(entry.options),
+        "options_from": entry.options_from,
         "status": "ok" if ok else "failed",
         "val_acc": metrics.get("val/acc"),
         "val_loss": metrics.get("val/loss"),
@@ -257,9 +267,7 @@ def write_summary(rows: list[dict[str, Any]], directory: Path, header: list[str]
 def cell(value: Any, column: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    if column in ("val_acc",):
-        return f"{value:.3f}"
-    if column in ("val_loss", "train_loss", "val_ppl"):
+    if column in ("val_acc", "val_loss", "train_loss", "val_ppl"):
         return f"{value:.3f}"
     if column in ("tokens_per_s", "peak_mem_mb", "train_mem_mb"):
         return f"{value:,.0f}"
@@ -280,14 +288,12 @@ def plot(rows: list[dict[str, Any]], directory: Path, title: str) -> None:
     failed = [r["mechanism"] for r in rows if r["status"] != "ok"]
     note = f"\nfailed: {', '.join(failed)}" if failed else ""
 
-    figure, axes = plt.subplots(figsize=(7, 5))
-    for rank, row in enumerate(sorted(done, key=lambda r: r["tokens_per_s"])):
-        point = (row["tokens_per_s"], row["val_acc"] or 0.0)
-        axes.scatter(*point)
-        # alternate labels above and below, so neighbours with equal accuracy stay readable
-        axes.annotate(
-            row["mechanism"], point, textcoords="offset points", xytext=(4, 6 if rank % 2 else -12), fontsize=8
-        )
+    figure, axes = plt.subplots(figsize=(8, 5))
+    markers = "osD^vP*Xh<>"
+    for index, row in enumerate(done):  # a legend, not annotations: close points would overprint their labels
+        axes.scatter(row["tokens_per_s"], row["val_acc"] or 0.0, marker=markers[index % len(markers)],
+                     s=50, label=row["mechanism"])  # fmt: skip
+    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes.set_xlabel("training throughput (real tokens / s)")
     axes.set_ylabel("validation accuracy (final)")
     axes.set_title(f"{title}: accuracy vs throughput{note}", fontsize=10)
@@ -315,16 +321,18 @@ def main(argv: list[str]) -> int:
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = build_parser()
     config = parser.parse_args(own)
+    if config.task_config is None:  # no task named: the embedded default experiment, under the given overrides
+        if not DEFAULT_CONFIG.is_file():
+            parser.error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
+        config = parser.parse_args(["--config", str(DEFAULT_CONFIG), *own])
     out = console()
-    if config.task_config is None:
-        parser.error("no --task_config (and no configs/compare.yaml to take it from)")
     try:
         entries = plan(config.attentions, config.options)
     except ValueError as error:
         parser.error(str(error))
     task_config = str(Path(config.task_config.absolute))
     fit_args = [*config.fit_args, *fit_extra]
-    directory = new_experiment_dir(Path(config.runs_dir), config.experiment)
+    directory = new_experiment_dir(Path(config.runs_dir), config.experiment or Path(task_config).stem)
     parser.save(config, directory / "compare.yaml", skip_none=False, skip_check=True)
     out.print(f"[bold]zoo compare[/]: {len(entries)} mechanism(s) on {task_config} -> {directory}")
 

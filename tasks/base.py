@@ -18,12 +18,13 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
 from attention_zoo import TransformerEncoder
 from attention_zoo.transformer import Positional
+from tasks.callbacks import RunRecord, SpeedAndMemory
 
 Stage = Literal["train", "val", "test"]
 STAGES: tuple[Stage, ...] = ("train", "val", "test")
@@ -108,7 +109,6 @@ class EncoderTask(pl.LightningModule):
         if init_from is not None:
             load_encoder(self, init_from)
 
-    # --- what a task defines -------------------------------------------------------------------
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -116,18 +116,15 @@ class EncoderTask(pl.LightningModule):
         """Update the stage's torchmetrics with one batch; return them keyed by their logged tag."""
         raise NotImplementedError
 
-    # --- shared ----------------------------------------------------------------------------------
     def _shared_step(self, batch: dict[str, Tensor], stage: Stage) -> Tensor:
         logits = self(batch["tokens"], batch["mask"])
         loss = self.loss(logits, batch["labels"])
         is_train = stage == "train"
         batch_size = batch["tokens"].shape[0]
-        self.log(
-            f"{stage}/loss", loss, prog_bar=True, on_step=is_train, on_epoch=not is_train, sync_dist=not is_train,
-            batch_size=batch_size,
-        )  # fmt: skip
+        logged = dict(on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=not is_train, **logged)
         metrics = self.update_metrics(stage, logits.detach(), batch["labels"])
-        self.log_dict(metrics, prog_bar=not is_train, on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
+        self.log_dict(metrics, prog_bar=not is_train, **logged)
         return loss
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -163,8 +160,6 @@ class EncoderTask(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from tasks.callbacks import RunRecord, SpeedAndMemory
-
         # every run measures speed and memory and records its outcome, whatever its config says
         return [SpeedAndMemory(), RunRecord()]
 
@@ -250,7 +245,3 @@ def load_encoder(task: EncoderTask, path: str) -> None:
             + "\n  ".join(problems)
         )
     task.encoder.load_state_dict(weights)
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -25,7 +25,7 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from tasks import classification, token_prediction  # noqa: F401  (short class names in configs)
+from tasks import classification, data, token_prediction  # noqa: F401  (short class names in configs)
 from tasks.base import ConfigError, EncoderTask
 from tasks.callbacks import SaveConfigToRun
 

@@ -271,3 +271,8 @@ def test_causal_is_refused_with_the_reason():
 def test_bad_options_raise(options, message):
     with pytest.raises(ValueError, match=message):
         az.create_attention("nystrom", dim_head=D, heads=H, **options)
+
+
+def test_iterations_with_exact_pinv_are_rejected_not_ignored():
+    with pytest.raises(ValueError, match="no effect with pinv='exact'"):
+        az.create_attention("nystrom", dim_head=8, heads=2, num_landmarks=4, pinv="exact", pinv_iterations=10)
