@@ -344,8 +344,14 @@ def main(argv: list[str]) -> int:
         overall = progress.add_task("[bold]mechanisms", total=len(entries))
         for entry in entries:
             command = fit_command(entry, task_config, directory, config.seed, fit_args)
-            rows.append(run_entry(entry, command, directory / entry.label, config.threads, config.timeout, progress))
+            row = run_entry(entry, command, directory / entry.label, config.threads, config.timeout, progress)
+            rows.append(row)
             progress.advance(overall)
+            # one line per finished run, so logs (no live bar off a terminal) show progress too
+            out.print(
+                f"  {entry.label}: {row['status']}, val_acc {cell(row.get('val_acc'), 'val_acc')}, "
+                f"{cell(row.get('tokens_per_s'), 'tokens_per_s')} tokens/s, {cell(row.get('wall_s'), 'wall_s')} s"
+            )
 
     header = [
         f"# zoo compare: {directory.name}",
