@@ -17,7 +17,8 @@ from tasks.data.base import IGNORE_INDEX, default_cache_dir, load_or_build
 from tasks.data.listops import VOCAB, ListOpsDataModule, to_string
 from tasks.data.mlm import MaskedLMDataModule, split_stream
 from tasks.data.recall import AssociativeRecallDataModule
-from tasks.data.text import CLS_ID, MASK_ID, SPECIAL_TOKENS, TextClassificationDataModule
+from tasks.data.text import TextClassificationDataModule
+from tasks.data.tokenize import CLS_ID, MASK_ID, SPECIAL_TOKENS
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ACLIMDB = FIXTURES / "aclimdb_tiny"

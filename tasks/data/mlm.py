@@ -46,7 +46,7 @@ from tasks.data.base import (
     derive_seed,
     epoch_and_index,
 )
-from tasks.data.text import (
+from tasks.data.tokenize import (
     MASK_ID,
     PAD_ID,
     SPECIAL_TOKENS,

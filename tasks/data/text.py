@@ -1,4 +1,4 @@
-"""Text classification from local files, and the tokenizers shared with the MLM corpus.
+"""Text classification from local files.
 
 Sources (exactly one):
 
@@ -14,15 +14,7 @@ A split without a source (val, test) is carved from train (``val_fraction``, ``t
 Labels are mapped to ids in the order of ``labels`` if given, else sorted (numerically if all are
 integers) as found in the training split; ``label_names`` exposes the mapping.
 
-Tokenizers, special tokens at the same ids in all of them (``<pad>`` 0, ``<cls>`` 1, ``<mask>`` 2,
-``<unk>`` 3):
-
-- ``byte``: UTF-8 bytes, ids 4..259 (vocabulary 260), as in the LRA byte-level text task;
-- ``bpe``: byte-level BPE (GPT-2 style, never unknown) trained by ``tokenizers`` on the training split;
-- ``wordpiece``: BERT-style WordPiece (lower-cased) trained by ``tokenizers`` on the training split.
-
-A trained tokenizer is saved next to the cache (``tokenizer_path``) and can be reused with
-``tokenizer_file``, e.g. to fine-tune with the vocabulary of an MLM pre-training run.
+Tokenizers (``byte``, ``bpe``, ``wordpiece``) live in :mod:`tasks.data.tokenize`.
 """
 
 from __future__ import annotations
@@ -31,152 +23,26 @@ import csv
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import Tensor
 
-from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, cache_file, derive_seed, write_atomically
+from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, cache_file, derive_seed
+from tasks.data.tokenize import (
+    CLS_ID,
+    PAD_ID,
+    TokenizerKind,
+    file_digest,
+    resolve_tokenizer,
+    tokenizer_capacity,
+)
 
-SPECIAL_TOKENS = ("<pad>", "<cls>", "<mask>", "<unk>")
-PAD_ID, CLS_ID, MASK_ID, UNK_ID = range(len(SPECIAL_TOKENS))
-BYTE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
-TokenizerKind = Literal["byte", "bpe", "wordpiece"]
 Truncation = Literal["error", "keep_head", "keep_tail"]
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 UNLABELLED_FOLDERS = {"unsup"}
 Record = tuple[str, str]  # (text, label name)
-
-
-def _import_tokenizers():
-    try:
-        import tokenizers
-    except ImportError as error:
-        raise ImportError(
-            "tokenizer='bpe' or 'wordpiece' needs the `tokenizers` package: pip install tokenizers"
-        ) from error
-    return tokenizers
-
-
-class TextTokenizer:
-    """Byte-level (``subword=None``) or a ``tokenizers.Tokenizer`` with :data:`SPECIAL_TOKENS` at ids 0-3."""
-
-    def __init__(self, subword=None):
-        self.subword = subword
-
-    @property
-    def vocab_size(self) -> int:
-        return BYTE_VOCAB_SIZE if self.subword is None else self.subword.get_vocab_size()
-
-    @classmethod
-    def train(cls, kind: Literal["bpe", "wordpiece"], texts: Sequence[str], vocab_size: int) -> TextTokenizer:
-        tk = _import_tokenizers()
-        if kind == "bpe":
-            tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
-            tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-            tokenizer.decoder = tk.decoders.ByteLevel()
-            alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
-            trainer = tk.trainers.BpeTrainer(
-                vocab_size=vocab_size,
-                special_tokens=list(SPECIAL_TOKENS),
-                initial_alphabet=alphabet,
-                show_progress=False,
-            )
-        else:
-            tokenizer = tk.Tokenizer(tk.models.WordPiece(unk_token="<unk>"))
-            tokenizer.normalizer = tk.normalizers.BertNormalizer(lowercase=True)
-            tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-            tokenizer.decoder = tk.decoders.WordPiece()
-            trainer = tk.trainers.WordPieceTrainer(
-                vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
-            )
-        tokenizer.train_from_iterator(texts, trainer=trainer)
-        if tokenizer.get_vocab_size() > vocab_size:
-            raise ValueError(
-                f"the trained {kind} vocabulary has {tokenizer.get_vocab_size()} tokens (the alphabet of the "
-                f"training text alone needs that many), more than tokenizer_vocab_size={vocab_size}; raise it"
-            )
-        return cls(tokenizer)
-
-    @classmethod
-    def load(cls, path: str | Path, kind: Literal["bpe", "wordpiece"]) -> TextTokenizer:
-        tk = _import_tokenizers()
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"tokenizer_file {str(path)!r} does not exist")
-        tokenizer = tk.Tokenizer.from_file(str(path))
-        model = {"bpe": "BPE", "wordpiece": "WordPiece"}[kind]
-        if type(tokenizer.model).__name__ != model:
-            raise ValueError(
-                f"tokenizer_file {str(path)!r} holds a {type(tokenizer.model).__name__} model, not {kind!r}"
-            )
-        ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-        if ids != {token: i for i, token in enumerate(SPECIAL_TOKENS)}:
-            raise ValueError(
-                f"tokenizer_file {str(path)!r} must have the special tokens {SPECIAL_TOKENS} at ids 0-3; has {ids}"
-            )
-        return cls(tokenizer)
-
-    def save(self, path: Path) -> None:
-        text = self.subword.to_str()
-        write_atomically(path, lambda file: file.write(text.encode()))
-
-    def encode(self, texts: Sequence[str]) -> list[Tensor]:
-        if self.subword is None:
-            return [
-                torch.frombuffer(bytearray(t.encode()), dtype=torch.uint8).long() + len(SPECIAL_TOKENS) for t in texts
-            ]
-        return [torch.tensor(encoding.ids, dtype=torch.long) for encoding in self.subword.encode_batch(list(texts))]
-
-
-def resolve_tokenizer(
-    kind: TokenizerKind,
-    *,
-    vocab_size: int,
-    tokenizer_file: str | None,
-    trained_path: Path | None,
-    texts: Callable[[], list[str]],
-) -> TextTokenizer:
-    """The byte tokenizer; the one in ``tokenizer_file``; or one trained on ``texts()`` and saved at
-    ``trained_path`` (reused from there when it already exists)."""
-    if kind == "byte":
-        return TextTokenizer()
-    if tokenizer_file is not None:
-        return TextTokenizer.load(tokenizer_file, kind)
-    if trained_path.exists():
-        try:
-            return TextTokenizer.load(trained_path, kind)
-        except Exception as error:  # an unreadable saved tokenizer is retrained
-            warnings.warn(f"ignoring unusable tokenizer {trained_path} ({error}); retraining it", stacklevel=2)
-    tokenizer = TextTokenizer.train(kind, texts(), vocab_size)
-    tokenizer.save(trained_path)
-    return tokenizer
-
-
-def tokenizer_capacity(kind: TokenizerKind, tokenizer_vocab_size: int, tokenizer_file: str | None) -> int:
-    """The model's vocabulary size, known before any tokenizer is trained: every id is below it."""
-    if kind == "byte":
-        if tokenizer_file is not None:
-            raise ValueError("tokenizer_file needs tokenizer='bpe' or 'wordpiece' (the byte tokenizer has no file)")
-        return BYTE_VOCAB_SIZE
-    if tokenizer_file is not None:
-        return TextTokenizer.load(tokenizer_file, kind).vocab_size
-    if tokenizer_vocab_size < BYTE_VOCAB_SIZE:
-        raise ValueError(
-            f"tokenizer_vocab_size must be >= {BYTE_VOCAB_SIZE} (specials + 256 bytes), got {tokenizer_vocab_size}"
-        )
-    return tokenizer_vocab_size
-
-
-def file_digest(paths: Sequence[Path], root: Path | None = None) -> str:
-    """Hash of the names, sizes and modification times of ``paths``: changes when the files do."""
-    digest = hashlib.sha256()
-    for path in paths:
-        stat = path.stat()
-        name = path.relative_to(root) if root is not None else path.resolve()
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 def _label_folders(split_dir: Path) -> dict[str, list[Path]]:
