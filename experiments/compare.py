@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 from jsonargparse.typing import Path_fr
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -381,6 +382,6 @@ def print_table(rows: list[dict[str, Any]], out: Any) -> None:
     for column in (*shown, "status"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        status = "ok" if row["status"] == "ok" else f"[red]failed: {row['reason']}[/]"
-        table.add_row(*(cell(row[c], c) for c in shown), status)
+        status = "ok" if row["status"] == "ok" else f"[red]failed: {escape(str(row['reason']))}[/]"
+        table.add_row(*(escape(cell(row[c], c)) for c in shown), status)
     out.print(table)

@@ -8,6 +8,7 @@ import argparse
 import time
 
 import torch
+from rich.markup import escape
 from rich.table import Table
 
 import attention_zoo as az
@@ -52,8 +53,8 @@ def main(argv: list[str]) -> int:
         for options in az.get_attention_class(name).example_configs:
             try:
                 ms, error = measure(name, options, args.seq_len, args.heads, args.dim_head, args.repeats)
-                table.add_row(name, str(options), f"{ms:.2f}", f"{error:.3g}")
+                table.add_row(name, escape(str(options)), f"{ms:.2f}", f"{error:.3g}")
             except ValueError as exc:  # an example config that does not fit this input size
-                table.add_row(name, str(options), "-", f"skipped: {exc}")
+                table.add_row(name, escape(str(options)), "-", escape(f"skipped: {exc}"))
     console().print(table)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 from rich.table import Table
 
 import attention_zoo as az
@@ -40,6 +41,6 @@ def main(argv: list[str]) -> int:
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows():
-        table.add_row(row["name"], *(row[c] for c in CAPABILITIES), row["options"], row["notes"])
+        table.add_row(row["name"], *(row[c] for c in CAPABILITIES), escape(row["options"]), escape(row["notes"]))
     console().print(table)
     return 0
