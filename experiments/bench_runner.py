@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 import attention_zoo as az
 from experiments.bench_cases import BenchConfig, Case
 from experiments.bench_measure import RESULT_MARKER, measure_case, measure_peak_tflops
-from experiments.bench_store import ResultStore, machine_info, now
+from experiments.bench_store import ResultStore, code_fingerprint, machine_info, now
 from experiments.console import console
 from experiments.flops import case_flops
 
@@ -186,11 +186,15 @@ class Runner:
 
     def run(self, cases: list[Case], *, retry_failed: bool = False) -> int:
         """Measure every case the store lacks; returns how many ran."""
-        done = self.store.latest()
+        code = code_fingerprint()
+        done = {key: row for key, row in self.store.latest().items() if row.get("code") == code}
         pending = [c for c in cases if c.key() not in done or (retry_failed and done[c.key()]["status"] != "ok")]
         out = console()
         if len(pending) < len(cases):
-            out.print(f"resuming: {len(cases) - len(pending)} of {len(cases)} cases already in {self.store.path}")
+            out.print(
+                f"resuming: {len(cases) - len(pending)} of {len(cases)} cases already in {self.store.path} "
+                f"(measured with this code, {code}; results of other code are measured again)"
+            )
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=out) as progress:
             task = progress.add_task("bench", total=len(pending))
@@ -199,7 +203,12 @@ class Runner:
                 started = time.monotonic()
                 result = self.search_max_batch(case) if case.kind == "max_batch" else self.time_case(case)
                 row = dataclasses.asdict(case) | result
-                row |= {"machine": self.machine, "finished_at": now(), "wall_s": round(time.monotonic() - started, 2)}
+                row |= {
+                    "machine": self.machine,
+                    "code": code,
+                    "finished_at": now(),
+                    "wall_s": round(time.monotonic() - started, 2),
+                }
                 row["load_avg_1m"] = os.getloadavg()[0]  # other work on the machine skews times: say so
                 self.store.append(row)
                 progress.console.print(f"{describe(case)}: {summary(row)}")

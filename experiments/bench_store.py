@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+import attention_zoo
 from experiments.bench_cases import Case
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
@@ -126,6 +128,15 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def code_fingerprint() -> str:
+    """A short hash of the attention library's source: a stored result counts as finished for a resume
+    only when it was measured with the same code, so an edited mechanism is never reported with old times."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(attention_zoo.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def now() -> str:

@@ -17,7 +17,7 @@ from rich.console import Console
 import attention_zoo as az
 from attention_zoo import registry
 from attention_zoo.full import FullAttention
-from experiments import bench_tables, cli, targets
+from experiments import bench_runner, bench_tables, cli, targets
 from experiments.bench import with_baseline
 from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, load_config, parse_attentions
 from experiments.bench_measure import measure_case
@@ -221,6 +221,17 @@ def test_rerun_skips_finished_cases(tmp_path):
     store = ResultStore(tmp_path)
     assert Runner(config, store, "cpu").run(cases + [core_case(n=64)]) == 1
     assert len(store.path.read_text().splitlines()) == 3
+
+
+def test_results_of_other_code_are_measured_again(tmp_path, monkeypatch):
+    config = BenchConfig(isolation="none", repeats=1, warmup=0)
+    cases = [core_case(n=32)]
+    assert Runner(config, ResultStore(tmp_path), "cpu").run(cases) == 1
+    monkeypatch.setattr(bench_runner, "code_fingerprint", lambda: "edited-code")
+    store = ResultStore(tmp_path)
+    assert Runner(config, store, "cpu").run(cases) == 1  # the stored row was measured with other code
+    assert store.latest()[cases[0].key()]["code"] == "edited-code"
+    assert Runner(config, ResultStore(tmp_path), "cpu").run(cases) == 0
 
 
 def test_zoo_bench_end_to_end_in_worker_processes(tmp_path, capsys):
