@@ -1,8 +1,20 @@
 """The attention-core contract every mechanism follows.
 
 A core maps ``q: (B, H, Nq, D)``, ``k, v: (B, H, Nk, D)`` to ``(B, H, Nq, D)`` in the dtype of ``q``.
-``mask`` is ``(B, Nk)`` bool with **True = real token** (attend) and False = padding; ``causal=True``
-lets query ``i`` see keys ``j <= i + (Nk - Nq)`` (aligned to the end, as in decoding with a cache).
+q, k and v share one floating dtype, one device and one head width D (a different width for v is
+refused, not silently supported by some cores). ``mask`` is ``(B, Nk)`` bool with **True = real token**
+(attend) and False = padding; ``causal=True`` lets query ``i`` see keys ``j <= i + (Nk - Nq)`` (aligned
+to the end, as in decoding with a cache). Padded keys and values are zeroed before the mechanism sees
+them, so whatever padding holds (NaN and inf included) never reaches a real output. An empty input
+(B = 0, Nq = 0 or Nk = 0) gives the empty, or all-zero, output without calling the mechanism: a query
+with no key sees nothing, as a fully padded row does.
+
+Step-by-step causal decoding (:meth:`AttentionCore.decode`): feed the next T positions' q, k, v with a
+:class:`DecodingState` from :meth:`AttentionCore.start_decoding`; the outputs equal those of the causal
+forward over the whole sequence at those positions. A core with ``has_decoding_cache`` keeps its own
+state (a key/value cache, a rolling window, a recurrent summary); any other causal core falls back to
+recomputing the causal forward over the prefix at every step (O(prefix) work per step, correct but slow;
+``zoo list`` shows which).
 
 Subclasses declare what they can do as class attributes, take their options as typed keyword-only
 ``__init__`` parameters (the registry validates names, ``Literal`` choices and types from them), and
@@ -16,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 
@@ -30,6 +43,43 @@ class BuildContext:
     layer_index: int = 0
     num_layers: int = 1
     shared: nn.ModuleDict = field(default_factory=nn.ModuleDict)
+
+
+class DecodingState:
+    """What a core keeps between decoding steps of one batch of sequences.
+
+    ``length`` counts the positions consumed so far (the absolute position of the next one). Subclasses
+    add tensor attributes whose first dimension is the batch, so :meth:`reorder` (beam search keeps,
+    repeats or drops sequences) applies to all of them; lists and tuples of such tensors are reordered
+    element by element.
+    """
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (a 1-d long tensor; rows may repeat), in that order."""
+        for name, value in vars(self).items():
+            setattr(self, name, _reorder(value, index))
+
+
+def _reorder(value: Any, index: Tensor) -> Any:
+    if isinstance(value, Tensor):
+        return value.index_select(0, index.to(value.device))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_reorder(v, index) for v in value)
+    return value
+
+
+class PrefixState(DecodingState):
+    """The fallback of cores without a cache of their own: the whole prefix, recomputed at every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q: Tensor | None = None
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+        self.mask: Tensor | None = None
 
 
 class AttentionCore(nn.Module):
@@ -52,6 +102,11 @@ class AttentionCore(nn.Module):
     example_configs: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: caveats that ``zoo list`` shows next to the capabilities (e.g. a causal form that is not exact)
     notes: ClassVar[str] = ""
+    #: :meth:`decode` keeps a state of its own (a cache) instead of recomputing the whole prefix per step
+    has_decoding_cache: ClassVar[bool] = False
+    #: for a core without causal attention: the registered core a decoder uses for causal self-attention
+    #: instead (e.g. ``linformer`` -> ``linformer_causal``); None when there is none
+    causal_counterpart: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -62,6 +117,12 @@ class AttentionCore(nn.Module):
         context: BuildContext | None = None,
     ) -> None:
         super().__init__()
+        name = self.name or type(self).__name__
+        for arg, value in (("dim_head", dim_head), ("heads", heads), ("max_seq_len", max_seq_len)):
+            optional = arg == "max_seq_len" and value is None
+            if not optional and (not isinstance(value, int) or isinstance(value, bool)):
+                allowed = "an int >= 1" + (" or None" if arg == "max_seq_len" else "")
+                raise ValueError(f"attention {name!r}: {arg} must be {allowed}, got {value!r}")
         if dim_head < 1 or heads < 1:
             raise ValueError(f"dim_head and heads must be >= 1, got dim_head={dim_head}, heads={heads}")
         if max_seq_len is not None and max_seq_len < 1:
@@ -76,27 +137,99 @@ class AttentionCore(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         self.check_inputs(q, k, v, mask, causal)
+        if q.numel() == 0 or k.shape[-2] == 0:
+            return q.new_zeros(q.shape)
+        if mask is not None:
+            shared = self.needs_shared_qk and q is k
+            k, v = zero_padded(k, mask), zero_padded(v, mask)
+            q = k if shared else q
         return self.attend(q, k, v, mask=mask, causal=causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         """The mechanism itself, called with validated input."""
         raise NotImplementedError
 
+    def start_decoding(self) -> DecodingState:
+        """A fresh state for :meth:`decode`: no position consumed yet."""
+        self.check_decodable()
+        return PrefixState()
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None = None) -> Tensor:
+        """Causal attention for the next T positions of each sequence, given everything fed before.
+
+        ``q, k, v``: (B, H, T, D) for positions ``state.length .. state.length + T - 1``; ``mask``: (B, T)
+        bool, True = real token (a padded position is never seen by later queries). Returns (B, H, T, D),
+        equal to the causal forward over the whole sequence at those positions, and advances ``state``.
+        """
+        self.check_decodable()
+        t, total = q.shape[-2], state.length + q.shape[-2]
+        self.check_inputs(q, k, v, mask, causal=True)
+        if k.shape[-2] != t:
+            raise ValueError(
+                f"{self.name}.decode: q and k must cover the same new positions; got {t} and {k.shape[-2]}"
+            )
+        if self.max_seq_len is not None and total > self.max_seq_len:
+            raise ValueError(
+                f"{self.name}.decode: position {total} exceeds max_seq_len={self.max_seq_len} it was built for"
+            )
+        if q.shape[0] == 0 or t == 0:
+            state.length = total
+            return q.new_zeros(q.shape)
+        if mask is not None:
+            shared = self.needs_shared_qk and q is k
+            k, v = zero_padded(k, mask), zero_padded(v, mask)
+            q = k if shared else q
+        out = self.decode_attend(q, k, v, state, mask=mask)
+        state.length = total
+        return out
+
+    def decode_attend(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None) -> Tensor:
+        """The mechanism's decoding step on validated input; ``state.length`` is still the old length.
+
+        This fallback recomputes the causal forward over the whole prefix; cores with a cache of their own
+        override it (and :meth:`start_decoding`) and set ``has_decoding_cache``."""
+        assert isinstance(state, PrefixState)
+        real = torch.ones(q.shape[0], q.shape[-2], dtype=torch.bool, device=q.device) if mask is None else mask
+        grow = lambda old, new: new if old is None else torch.cat([old, new], dim=-2 if new.ndim == 4 else -1)
+        state.q, state.k, state.v, state.mask = (
+            grow(state.q, q),
+            grow(state.k, k),
+            grow(state.v, v),
+            grow(state.mask, real),
+        )
+        full_mask = None if bool(state.mask.all()) else state.mask
+        return self.attend(state.q, state.k, state.v, mask=full_mask, causal=True)[:, :, -q.shape[-2] :]
+
+    def check_decodable(self) -> None:
+        if not self.supports_causal:
+            raise ValueError(f"{self.name} cannot decode step by step: it is not causal. {self.causal_alternative()}")
+
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> None:
         name = self.name or type(self).__name__
+        for label, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
         if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
             raise ValueError(
                 f"{name}: q, k, v must be (B, H, N, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
             )
         (b, h, nq, d), (bk, hk, nk, dk) = q.shape, k.shape
-        if (bk, hk, dk) != (b, h, d) or v.shape[:3] != k.shape[:3]:
+        if (bk, hk, dk) != (b, h, d) or v.shape != k.shape:
             raise ValueError(
-                f"{name}: shapes do not fit together: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+                f"{name}: shapes do not fit together: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+                "k and v must be (B, H, Nk, D) with q's B, H and D (one head width for q, k and v)"
             )
         if h != self.heads or d != self.dim_head:
             raise ValueError(f"{name}: built for heads={self.heads}, dim_head={self.dim_head}; got H={h}, D={d}")
+        if not q.is_floating_point():
+            raise ValueError(
+                f"{name}: q, k, v must be floating point (float32, float64, bfloat16, float16); got {q.dtype}"
+            )
         if k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError(f"{name}: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        devices = {t.device for t in (q, k, v)} | ({mask.device} if isinstance(mask, Tensor) else set())
+        if len(devices) > 1:
+            raise ValueError(f"{name}: q, k, v and mask must be on one device; got {', '.join(map(str, devices))}")
         if causal and not self.supports_causal:
             raise ValueError(f"{name} does not support causal=True. {self.causal_alternative()}")
         if nq != nk and not self.supports_cross_attention:
@@ -107,10 +240,10 @@ class AttentionCore(nn.Module):
         if mask is not None:
             if not self.supports_mask:
                 raise ValueError(f"{name} does not support padding masks; pass mask=None")
-            if mask.dtype != torch.bool or mask.shape != (b, nk):
+            if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != (b, nk):
                 raise ValueError(
                     f"{name}: mask must be bool (B, Nk) = ({b}, {nk}) with True = real token; "
-                    f"got {mask.dtype} {tuple(mask.shape)}"
+                    f"got {getattr(mask, 'dtype', type(mask).__name__)} {tuple(getattr(mask, 'shape', ()))}"
                 )
         if self.max_seq_len is not None and nk > self.max_seq_len:
             # bounds the key side: what max_seq_len sizes (e.g. Linformer's k x n projections)
@@ -118,11 +251,27 @@ class AttentionCore(nn.Module):
                 f"{name}: key length {nk} exceeds max_seq_len={self.max_seq_len} "
                 "it was built for; rebuild it with a larger max_seq_len"
             )
+        weights = next((t for t in (*self.parameters(), *self.buffers()) if t.is_floating_point()), None)
+        if weights is not None and weights.device != q.device:
+            raise ValueError(
+                f"{name}: the core's parameters are on {weights.device}, the inputs on {q.device}; "
+                f"move one of them (core.to({str(q.device)!r}))"
+            )
+        if weights is not None and weights.dtype != q.dtype and not torch.is_autocast_enabled(q.device.type):
+            raise ValueError(
+                f"{name}: inputs are {q.dtype} but the core's parameters are {weights.dtype}; build the core in the "
+                f"inputs' dtype (core.to({q.dtype})) or run it under torch.autocast"
+            )
 
     @classmethod
     def causal_alternative(cls) -> str:
         """What to use instead when causal attention is asked of a core that lacks it."""
         return "Causal cores: " + ", ".join(_causal_cores()) + "."
+
+
+def zero_padded(t: Tensor, mask: Tensor) -> Tensor:
+    """``t`` (B, H, N, D) with padded positions (mask False) set to 0, so 0 * NaN never happens downstream."""
+    return t.masked_fill(~rearrange(mask, "b n -> b 1 n 1"), 0.0)
 
 
 def _causal_cores() -> list[str]:

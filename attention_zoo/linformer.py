@@ -53,6 +53,8 @@ from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.registry import register_attention
 
+DEFAULT_K = 256  # the paper's projected length for n = 512..4096 (Fig. 3, Table 2)
+
 
 @register_attention("linformer")
 class LinformerAttention(AttentionCore):
@@ -69,7 +71,9 @@ class LinformerAttention(AttentionCore):
         {"k": 8, "projection": "conv", "sharing": "kv"},
         {"k": 8, "projection": "random", "sharing": "none"},
     )
+    causal_counterpart: ClassVar[str | None] = "linformer_causal"
     notes: ClassVar[str] = (
+        "default k = min(256, max_seq_len); "
         "not causal (use linformer_causal); learned E/F are k x max_seq_len, shorter inputs slice them; "
         "exact only in the identity limit (mean/max pool with k = n)"
     )
@@ -81,12 +85,16 @@ class LinformerAttention(AttentionCore):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        k: int | list[int],
+        k: int | list[int] | None = None,
         sharing: Sharing = "headwise",
         projection: Projection = "linear",
     ) -> None:
-        """``k``: projected length (one per layer if a list); ``sharing``, ``projection``: see module doc."""
+        """``k``: projected length (one per layer if a list); None = ``min(256, max_seq_len)``, the paper's
+        k = 256 (Fig. 3, Table 2) capped by the length, since k >= n cannot compress; an explicit k larger
+        than max_seq_len is an error. ``sharing``, ``projection``: see module doc."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        if k is None:
+            k = min(DEFAULT_K, max_seq_len)
         layers = self.context.num_layers
         if isinstance(k, list):
             if len(k) != layers:

@@ -67,12 +67,14 @@ class CausalLinformerAttention(AttentionCore):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        block_size: int,
-        block_k: int,
+        block_size: int = 256,
+        block_k: int = 32,
         sharing: Sharing = "headwise",
         projection: Projection = "linear",
     ) -> None:
-        """``block_size`` c: positions per block; ``block_k`` k_c: summaries per block (1 <= k_c <= c)."""
+        """``block_size`` c: positions per block; ``block_k`` k_c: summaries per block (1 <= k_c <= c).
+        Defaults c = 256, k_c = 32 (ours: the report gives no block form; 32 is its smallest k, and c = 256
+        keeps the exact part at the paper's default k)."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         check_projected_length(projection, block_k, block_size, "block_k", "block_size")
         self.block_size, self.block_k, self.sharing, self.projection = block_size, block_k, sharing, projection

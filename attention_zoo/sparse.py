@@ -62,13 +62,15 @@ from attention_zoo.sparse_patterns import (
 Pattern = Literal["strided", "fixed", "blockwise", "longformer", "bigbird"]
 Impl = Literal["blocked", "dense"]
 
-#: the options each pattern reads, with their defaults (None: the pattern needs it); bigbird's
-#: ``global_tokens`` defaults to two blocks (2 * block_size), the paper's ITC g = 2
+#: the options each pattern reads, with their defaults (None: the pattern needs it). Child et al. Sec. 4.3
+#: found c in {8, 16, 32} good for l in {128, 256}: stride 128 and 8 summary columns; blockwise 128 (ours;
+#: BlockBERT splits a sequence into 2-3 blocks); longformer as ``local``; bigbird's ``global_tokens``
+#: defaults to two blocks (2 * block_size), the paper's ITC g = 2
 PATTERN_OPTIONS: dict[str, dict[str, int | None]] = {
-    "strided": {"stride": None},
-    "fixed": {"stride": None, "summary_columns": None},
-    "blockwise": {"block_size": None},
-    "longformer": {"window": None, "global_tokens": 1},
+    "strided": {"stride": 128},
+    "fixed": {"stride": 128, "summary_columns": 8},
+    "blockwise": {"block_size": 128},
+    "longformer": {"window": 256, "global_tokens": 1},
     "bigbird": {"block_size": 64, "window_blocks": 3, "global_tokens": None, "random_blocks": 3, "seed": 0},
 }
 _GENERATORS = {
@@ -164,10 +166,11 @@ class LocalAttention(PatternAttention):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        window: int,
+        window: int = 256,
         impl: Impl = "blocked",
     ) -> None:
-        """``window``: w, even: each query sees the w/2 keys on each side and itself (Longformer's w);
+        """``window``: w, even: each query sees the w/2 keys on each side and itself (Longformer's w; default
+        256, the Longformer-257 of the Nystromformer comparison);
         ``impl``: ``"blocked"`` (O(n w)) or ``"dense"`` (the (n, n) reference)."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, impl=impl)
         _check_window(window)
@@ -202,7 +205,7 @@ class SparseAttention(PatternAttention):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        pattern: Pattern,
+        pattern: Pattern = "strided",
         stride: int | None = None,
         summary_columns: int | None = None,
         block_size: int | None = None,
@@ -295,7 +298,7 @@ class LongformerAttention(SparseAttention):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        window: int,
+        window: int = 256,
         global_tokens: int = 1,
         impl: Impl = "blocked",
     ) -> None:

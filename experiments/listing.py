@@ -1,4 +1,8 @@
-"""``zoo list``: every registered mechanism, its capabilities, options (with defaults) and caveats."""
+"""``zoo list``: every registered mechanism, its capabilities, options (with defaults) and caveats.
+
+``decoding`` says how step-by-step causal decoding runs: ``cache`` (the core keeps its own state),
+``recompute`` (the fallback: the causal forward over the whole prefix at every step) or ``-`` (not causal;
+a decoder uses the core named in the causal column instead, where there is one)."""
 
 from __future__ import annotations
 
@@ -29,7 +33,12 @@ def rows() -> list[dict[str, str]]:
             f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in attention_options(cls)
         )
         caps = {c: ("yes" if getattr(cls, c) else "no") for c in CAPABILITIES}
-        out.append({"name": name, **caps, "options": options or "-", "notes": cls.notes or "-"})
+        if cls.supports_causal:
+            caps["supports_causal"] = "yes"
+        elif cls.causal_counterpart:
+            caps["supports_causal"] = f"no (decoders: {cls.causal_counterpart})"
+        decoding = "cache" if cls.has_decoding_cache else "recompute" if cls.supports_causal else "-"
+        out.append({"name": name, **caps, "decoding": decoding, "options": options or "-", "notes": cls.notes or "-"})
     return out
 
 
@@ -37,10 +46,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="zoo list", description=__doc__)
     parser.parse_args(argv)
     table = Table(title="registered attention mechanisms", show_lines=True)
-    headers = ["name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "options", "notes"]
+    headers = [
+        "name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "decoding", "options", "notes"
+    ]  # fmt: skip
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows():
-        table.add_row(row["name"], *(row[c] for c in CAPABILITIES), escape(row["options"]), escape(row["notes"]))
+        table.add_row(
+            row["name"], *(row[c] for c in CAPABILITIES), row["decoding"], escape(row["options"]), escape(row["notes"])
+        )
     console().print(table)
     return 0

@@ -176,3 +176,144 @@ def test_too_long_input_raises_when_bounded(case):
     q, k, v = qkv(core, 1, MAX_SEQ_LEN + 1)
     with pytest.raises(ValueError, match="max_seq_len"):
         core(q, k, v)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_padding_never_reaches_real_outputs(case, fill):
+    name, options = case
+    if not supports(name, "supports_mask"):
+        pytest.skip("capability not supported")
+    causal_modes = [False, True] if supports(name, "supports_causal") else [False]
+    core = build(name, options)
+    q, k, v = qkv(core, 3, 32)
+    lengths = torch.tensor([32, 27, 16])
+    mask = pad_mask(lengths, 32)
+    padded = ~mask[:, None, :, None]
+    poisoned = [t.masked_fill(padded, fill) for t in (q, k, v)]
+    if core.needs_shared_qk:
+        poisoned[1] = poisoned[0]
+    for causal in causal_modes:
+        out = core(q, k, v, mask=mask, causal=causal)
+        out2 = core(*poisoned, mask=mask, causal=causal)
+        for b, length in enumerate(lengths.tolist()):
+            torch.testing.assert_close(out2[b, :, :length], out[b, :, :length], **EXACT)
+
+
+@pytest.mark.parametrize("n", LENGTHS)
+def test_causal_prefix_gives_the_same_outputs(case, n):
+    """A causal output depends on the positions up to it only: not on later content (the leak test) and
+    not on how long the whole sequence is."""
+    name, options = case
+    if not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    q, k, v = qkv(core, 2, n)
+    out = core(q, k, v, causal=True)
+    for cut in sorted({1, n // 3, n // 2, n - 1}):
+        prefix = core(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], causal=True)
+        torch.testing.assert_close(prefix, out[:, :, :cut], **EXACT, msg=f"prefix of length {cut}")
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_decoding_equals_the_causal_forward(case, chunk):
+    """Step-by-step decoding (with the core's cache, or the recompute fallback) gives the causal forward's
+    outputs at every real position, with padding in the sequences (left, right and inside)."""
+    name, options = case
+    if not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    n = 29
+    q, k, v = qkv(core, 3, n)
+    mask = torch.ones(3, n, dtype=torch.bool)
+    mask[0, :4] = False  # left padding
+    mask[1, 20:] = False  # right padding
+    mask[2, 9:12] = False  # a hole
+    masks = [mask] if supports(name, "supports_mask") else []
+    for m in [None, *masks]:
+        full = core(q, k, v, mask=m, causal=True)
+        state = core.start_decoding()
+        steps = []
+        for start in range(0, n, chunk):
+            part = slice(start, start + chunk)
+            qs, ks, vs = q[:, :, part], k[:, :, part], v[:, :, part]
+            if core.needs_shared_qk:
+                ks = qs
+            steps.append(core.decode(qs, ks, vs, state, mask=None if m is None else m[:, part]))
+        assert state.length == n
+        decoded = torch.cat(steps, dim=-2)
+        real = torch.ones(3, n, dtype=torch.bool) if m is None else m
+        for b in range(3):
+            torch.testing.assert_close(decoded[b][:, real[b]], full[b][:, real[b]], rtol=0.0, atol=1e-10)
+
+
+def test_decoding_state_reorders_like_the_batch(case):
+    """Beam search reorders sequences between steps: a reordered state continues the reordered batch."""
+    name, options = case
+    if not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    q, k, v = qkv(core, 3, 12)
+    if core.needs_shared_qk:
+        k = q
+    state = core.start_decoding()
+    core.decode(q[:, :, :7], k[:, :, :7], v[:, :, :7], state)
+    index = torch.tensor([2, 0, 0])
+    state.reorder(index)
+    out = core.decode(q[index, :, 7:], k[index, :, 7:], v[index, :, 7:], state)
+    full = core(q[index], k[index], v[index], causal=True)
+    torch.testing.assert_close(out, full[:, :, 7:], rtol=0.0, atol=1e-10)
+
+
+def test_decoding_is_refused_by_non_causal_cores_and_past_max_seq_len(case):
+    name, options = case
+    core = build(name, options)
+    if not supports(name, "supports_causal"):
+        with pytest.raises(ValueError, match="not causal"):
+            core.start_decoding()
+        return
+    state = core.start_decoding()
+    q, k, v = qkv(core, 1, MAX_SEQ_LEN)
+    if core.needs_shared_qk:
+        k = q
+    core.decode(q, k, v, state)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        core.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], state)
+
+
+@pytest.mark.parametrize("shape", [(0, 16, 16), (2, 0, 0), (2, 8, 0)], ids=["B=0", "N=0", "Nk=0"])
+def test_empty_inputs_give_empty_or_zero_outputs(case, shape):
+    name, options = case
+    b, nq, nk = shape
+    if nq != nk and not supports(name, "supports_cross_attention"):
+        pytest.skip("self-attention only")
+    core = build(name, options)
+    q = torch.randn(b, core.heads, nq, core.dim_head, dtype=torch.float64)
+    k = v = torch.randn(b, core.heads, nk, core.dim_head, dtype=torch.float64)
+    if core.needs_shared_qk:
+        k = v = q
+    for causal in [False, True] if supports(name, "supports_causal") else [False]:
+        out = core(q, k, v, causal=causal)
+        assert out.shape == q.shape and not out.any()
+
+
+def test_inputs_that_break_the_contract_are_refused(case):
+    name, options = case
+    core = build(name, options)
+    q, k, v = qkv(core, 2, 16)
+    with pytest.raises(ValueError, match="floating point"):
+        core(q.long(), k.long(), v.long())
+    with pytest.raises(ValueError, match="one head width"):
+        core(q, k, torch.randn(2, core.heads, 16, core.dim_head + 1, dtype=q.dtype))
+    with pytest.raises(ValueError, match="one device"):
+        core(q, k.to("meta"), v)
+    if any(p.is_floating_point() for p in core.parameters()):
+        with pytest.raises(ValueError, match="build the core in the inputs' dtype"):
+            core(q.float(), k.float(), v.float())
+
+
+@pytest.mark.parametrize("bad", [{"dim_head": 8.5}, {"heads": True}, {"max_seq_len": True}, {"max_seq_len": "64"}])
+def test_base_arguments_are_type_checked(case, bad):
+    name, options = case
+    arguments = {"dim_head": 8, "heads": 2, "max_seq_len": MAX_SEQ_LEN, **bad}
+    with pytest.raises(ValueError, match=f"{next(iter(bad))} must be an int"):
+        az.create_attention(name, **arguments, **options)

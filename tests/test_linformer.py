@@ -242,8 +242,9 @@ def test_errors_are_clear():
         linformer(k=8)(*random_qkv(1, 2, 65, 8))
     with pytest.raises(ValueError, match="needs max_seq_len"):
         az.create_attention("linformer", dim_head=8, heads=2, k=8)
-    with pytest.raises(ValueError, match="needs option"):
-        az.create_attention("linformer", dim_head=8, heads=2, max_seq_len=64)
+    # the default k is the paper's 256, capped by the length (k >= n cannot compress)
+    assert az.create_attention("linformer", dim_head=8, heads=2, max_seq_len=64).k == 64
+    assert az.create_attention("linformer", dim_head=8, heads=2, max_seq_len=4096).k == 256
     for bad in (0, 65):
         with pytest.raises(ValueError, match=rf"k={bad} must be in \[1, max_seq_len=64\]"):
             linformer(k=bad)
