@@ -12,7 +12,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "targets": ("experiments.targets", "main", "measure the CPU performance targets (= zoo bench --check-targets)"),
     "bench": ("experiments.bench", "main", "time, memory and FLOP/s of mechanisms across lengths vs full attention"),
     "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
-    "compare": ("experiments.compare", "main", "train one task once per attention; summary table, CSV and plots"),
+    "compare": ("experiments.compare", "main", "train one task per attention and seed; summary with intervals, plots"),
+    "report": (
+        "experiments.report",
+        "main",
+        "join a compare and a bench: Pareto plot, which mechanism at which length",
+    ),
     "fit": ("tasks.cli", "run_fit", "train a task (LightningCLI; zoo fit -c configs/listops.yaml --help)"),
     "validate": ("tasks.cli", "run_validate", "evaluate a checkpoint on the validation split"),
     "test": ("tasks.cli", "run_test", "evaluate a checkpoint on the test split"),

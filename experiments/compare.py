@@ -1,71 +1,76 @@
-"""``zoo compare``: train one task once per attention mechanism (same config, seed, data and steps) and
+"""``zoo compare``: train one task once per attention mechanism and seed (same config, data and steps) and
 compare accuracy, throughput and peak memory, all measured in the same training runs.
 
     zoo compare                                            # the embedded default (configs/compare.yaml)
-    zoo compare --attentions 'full,linformer:k=32,local:window=16'
+    zoo compare --attentions 'full,linformer:k=32,local:window=16' --seeds 5
     zoo compare --task_config configs/listops.yaml --experiment listops -- --trainer.max_steps 200
 
 Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
-sizes (``fit_args``) and per-mechanism ``options``; with one, only what is given applies.
+sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies.
 
 ``--attentions`` is a comma-separated list; ``name:opt=value`` starts an entry with options and further
-``opt=value`` items add to it (``linformer:k=32,sharing=kv,local:window=16``); values are YAML
-(``32`` an int, ``true`` a bool). An entry without options takes them from the config's ``options``
-section, else the mechanism's defaults, else (when an option is required) its first ``example_configs``
-entry, which is sized for sequences of about 64 tokens. Without ``--attentions``, every
-registered mechanism that takes padding masks runs. Arguments after ``--`` go to every ``zoo fit``.
+``opt=value`` items add to it (``linformer:k=32,sharing=kv,local:window=16``); values are YAML. An entry
+without options takes them from the config's ``options`` section, else the mechanism's defaults. Without
+``--attentions``, the config's ``attentions`` list, else every registered mechanism that takes padding
+masks. Arguments after ``--`` go to every ``zoo fit``. Every entry is built (model and data module, no
+training) before anything runs: a bad name or option stops the comparison with every bad entry listed.
 
-Each mechanism trains in its own ``zoo fit`` subprocess (``threads`` torch threads), so a crash or an
-out-of-memory error stays its own and the peak memory is that run's alone. Outputs, in a new
-``<runs_dir>/<experiment>/`` (suffixed ``-2``, ``-3``... rather than touching an earlier one): one
-TensorBoard run per mechanism (``tensorboard --logdir <runs_dir>/<experiment>`` overlays them, with
-HParams), ``summary.csv``, ``summary.md``, ``accuracy_vs_throughput.png``, ``peak_memory.png`` and the
-resolved ``compare.yaml``.
+``--seeds N`` trains each mechanism with seeds ``seed .. seed + N - 1``: the seed sets the model's
+initialisation (``seed_everything``) and the training order (``data.shuffle_seed``, where the data module
+has it); the data themselves stay the same. Runs go seed by seed (every mechanism with the first seed,
+then the second...), so an interrupted comparison has whole seeds done. The summary gives mean ± std and
+a 95% interval per mechanism and marks ties with the best (``experiments/compare_summary.py``).
+
+Each run trains in its own ``zoo fit`` subprocess (``threads`` torch threads), so a crash or an
+out-of-memory error stays its own and the peak memory is that run's alone. Outputs, in
+``<runs_dir>/<experiment>/``: one TensorBoard run per mechanism and seed (``<label>/seed-<s>``) and a
+Custom Scalars layout with one chart per metric; ``runs.csv``, ``summary.csv``, ``summary.md``,
+``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved ``compare.yaml``. With ``--bench DIR``
+(a ``zoo bench --out`` folder) it also writes ``zoo report``'s Pareto plot and length table.
+
+Rerunning the same command resumes: runs that finished are kept, unfinished ones continue from their last
+checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An experiment directory that
+holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
+directory (``<experiment>-2``, ...). Ctrl-C stops the running subprocess cleanly, writes the summary of what
+finished (the rest marked interrupted or not run) and exits with 130.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import math
-import os
+import contextlib
+import io
+import logging
 import platform
 import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
+import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
 from jsonargparse.typing import Path_fr
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 import attention_zoo as az
-from attention_zoo.registry import attention_options
+from experiments.compare_runs import (
+    Entry,
+    Run,
+    execute,
+    failure_reason,
+    fit_command,
+    is_finished,
+    prepare_directory,
+    read_record,
+    run_row,
+)
+from experiments.compare_summary import format_interval, primary_metric, print_table, write_outputs
 from experiments.console import console
-from tasks.callbacks import RUN_RECORD
+from experiments.tensorboard_layout import write_layout
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
-COLUMNS = (
-    "mechanism", "attention", "options", "options_from", "status", "val_acc", "val_loss", "train_loss", "val_ppl",
-    "tokens_per_s", "peak_mem_mb", "train_mem_mb", "parameters", "steps", "fit_s", "wall_s", "reason",
-)  # fmt: skip
-
-
-@dataclass
-class Entry:
-    """One mechanism run: ``label`` names its directory and its row."""
-
-    attention: str
-    options: dict[str, Any]
-    options_from: str
-    label: str = ""
+#: settings that may change between a run of an experiment and its resumption
+RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric")
 
 
 def build_parser() -> ArgumentParser:
@@ -73,7 +78,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task_config)"
     )
-    parser.add_argument("--experiment", type=str | None, default=None, help="experiment directory (default: the task)")
+    parser.add_argument(
+        "--experiment", type=str | None, default=None, help="experiment name, a folder of runs_dir (default: the task)"
+    )
     parser.add_argument("--task_config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
     parser.add_argument(
         "--attentions",
@@ -83,10 +90,14 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
     parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
-    parser.add_argument("--seed", type=int, default=0, help="seed_everything of every run (model init, dropout)")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed (model initialisation, data order)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per mechanism: seed, seed + 1, ...")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
     parser.add_argument("--runs_dir", type=str, default="runs", help="where the experiment directory goes")
-    parser.add_argument("--timeout", type=float | None, default=None, help="seconds per mechanism before it is stopped")
+    parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
+    parser.add_argument("--metric", type=str | None, default=None, help="rank by this metric (default: val_acc...)")
+    parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
+    parser.add_argument("--fresh", type=bool, default=False, help="never resume: use a new experiment directory")
     return parser
 
 
@@ -119,19 +130,21 @@ def default_attentions() -> list[str]:
 
 
 def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Entry]:
-    """The runs, in order; raises ValueError for an unknown mechanism name before anything runs."""
+    """The mechanisms, in order; raises ValueError for an unknown name or a repeated entry."""
     requested = parse_attentions(attentions) if attentions else [(name, None) for name in default_attentions()]
     entries = []
+    unknown = [name for name, _ in requested if name not in az.list_attentions()]
+    if unknown:
+        raise ValueError(
+            f"unknown attention(s) {', '.join(map(repr, unknown))}; known: {', '.join(az.list_attentions())}"
+        )
     for name, given in requested:
-        cls = az.get_attention_class(name)  # unknown name: ValueError listing the known ones
         if given is not None:
             entries.append(Entry(name, given, "command line"))
         elif name in options:
             entries.append(Entry(name, dict(options[name]), "config"))
-        elif not any(spec.required for spec in attention_options(cls)):
+        else:
             entries.append(Entry(name, {}, "defaults"))
-        else:  # a required option (a window, a rank) has no default to fall back on
-            entries.append(Entry(name, dict(cls.example_configs[0]), "example_configs"))
     for entry in entries:
         twins = [e for e in entries if e.attention == entry.attention]
         options_text = "-".join(f"{k}={v}" for k, v in entry.options.items())
@@ -142,180 +155,67 @@ def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Ent
     return entries
 
 
-def new_experiment_dir(runs_dir: Path, name: str) -> Path:
-    """``runs_dir/name``, or ``name-2``, ``name-3``... if taken; never an existing directory."""
+def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -> tuple[list[str], bool]:
+    """Build every entry's model and data module as its ``zoo fit`` would (no training, nothing written).
+    Returns the problems (one line per bad entry) and whether the data module takes ``shuffle_seed``."""
+    from tasks.cli import build
+
+    problems, shuffle = [], False
+    quiet = logging.getLogger("lightning.pytorch")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        for entry in entries:
+            argv = ["-c", task_config, "--model.attention", entry.attention, "--model.attention_options",
+                    yaml.safe_dump(entry.options, default_flow_style=True).strip(), *fit_args]  # fmt: skip
+            errors = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+                    _, data = build(argv)
+                shuffle = shuffle or hasattr(data, "shuffle_seed")
+            except SystemExit:  # jsonargparse reports a bad argument on stderr and exits
+                lines = [line for line in errors.getvalue().splitlines() if line.startswith("error:")]
+                problems.append(f"{entry.label}: {lines[-1] if lines else errors.getvalue().strip()[-300:]}")
+            except Exception as error:  # noqa: BLE001  (any construction error is this entry's problem)
+                problems.append(f"{entry.label}: {error}")
+    finally:
+        quiet.setLevel(level)
+    return problems, shuffle
+
+
+def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fresh: bool) -> tuple[Path, bool]:
+    """``(directory, resuming)``: ``runs_dir/name`` when it is new or holds this same comparison (resume),
+    a new ``name-2``, ``name-3``... with ``fresh``; ValueError when it holds a different comparison."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(
+            f"--experiment {name!r} must be a plain folder name (no '/' or '..'); choose where it goes with --runs_dir"
+        )
     runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / name
+    if path.exists() and not fresh:
+        saved = path / "compare.yaml"
+        if not saved.is_file():
+            raise ValueError(f"{path} exists but is not a zoo compare experiment; choose another --experiment")
+        earlier = _identity(yaml.safe_load(saved.read_text()) or {})
+        if earlier != identity:
+            changed = sorted(k for k in set(earlier) | set(identity) if earlier.get(k) != identity.get(k))
+            raise ValueError(
+                f"{path} holds a different comparison (it differs in: {', '.join(changed)}); rerun its own command "
+                f"to resume it, pass --fresh for a new directory, or choose another --experiment"
+            )
+        return path, True
     for suffix in ("", *(f"-{i}" for i in range(2, 10_000))):
-        path = runs_dir / f"{name}{suffix}"
+        candidate = runs_dir / f"{name}{suffix}"
         try:
-            path.mkdir()
-            return path
+            candidate.mkdir()
+            return candidate, False
         except FileExistsError:
             continue
     raise RuntimeError(f"no free experiment directory for {name!r} under {runs_dir}")
 
 
-def fit_command(entry: Entry, task_config: str, experiment_dir: Path, seed: int, fit_args: list[str]) -> list[str]:
-    logger = {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-        "init_args": {
-            "save_dir": str(experiment_dir.parent),
-            "name": experiment_dir.name,
-            "version": entry.label,
-            "default_hp_metric": False,
-        },
-    }
-    return [
-        sys.executable, "-m", "experiments.cli", "fit", "-c", task_config,
-        "--seed_everything", str(seed),
-        "--model.attention", entry.attention,
-        "--model.attention_options", json.dumps(entry.options),
-        "--trainer.logger", json.dumps(logger),
-        "--trainer.enable_progress_bar", "false",
-        *fit_args,
-    ]  # fmt: skip
-
-
-def run_entry(
-    entry: Entry, command: list[str], run_dir: Path, threads: int, timeout: float | None, progress: Progress
-) -> dict[str, Any]:
-    """Run one ``zoo fit`` subprocess, following its ``run.json`` on the progress bar; return its row."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-    task = progress.add_task(entry.label, total=None)
-    started = time.perf_counter()
-    timed_out = False
-    with open(run_dir / "fit.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        while process.poll() is None:
-            record = read_record(run_dir)
-            if record.get("max_steps"):
-                progress.update(task, completed=record.get("step", 0), total=record["max_steps"])
-            if timeout is not None and time.perf_counter() - started > timeout:
-                timed_out = True
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                break
-            time.sleep(0.25)
-        process.wait()
-    wall = time.perf_counter() - started
-    record = read_record(run_dir)
-    ok = process.returncode == 0 and record.get("status") == "finished" and not timed_out
-    progress.update(task, completed=record.get("step", 0), total=record.get("max_steps") or 1)
-    progress.update(task, description=f"{entry.label} [{'green' if ok else 'red'}]{'ok' if ok else 'failed'}[/]")
-    metrics = record.get("metrics", {})
-    reason = "" if ok else failure_reason(process.returncode, record, run_dir / "fit.log", timed_out, timeout)
-    return {
-        "mechanism": entry.label,
-        "attention": entry.attention,
-        "options": json.dumps(entry.options),
-        "options_from": entry.options_from,
-        "status": "ok" if ok else "failed",
-        "val_acc": metrics.get("val/acc"),
-        "val_loss": metrics.get("val/loss"),
-        "train_loss": metrics.get("train/loss"),
-        "val_ppl": metrics.get("val/ppl"),
-        "tokens_per_s": record.get("tokens_per_s") if ok else None,
-        "peak_mem_mb": record.get("peak_mem_mb") if ok else None,
-        "train_mem_mb": record["peak_mem_mb"] - record["fit_start_mem_mb"] if ok else None,
-        "parameters": record.get("parameters"),
-        "steps": record.get("step"),
-        "fit_s": record.get("fit_seconds"),
-        "wall_s": wall,
-        "reason": reason,
-    }
-
-
-def read_record(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / RUN_RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def failure_reason(returncode: int, record: dict, log: Path, timed_out: bool, timeout: float | None) -> str:
-    if timed_out:
-        return f"timed out after {timeout:g} s"
-    if record.get("status") == "failed" and record.get("error"):
-        return record["error"]
-    if returncode < 0:
-        name = signal.Signals(-returncode).name
-        return f"killed by {name}" + (" (out of memory?)" if -returncode == signal.SIGKILL else "")
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    for line in reversed(lines):  # a clean CLI error, else the exception line closing a traceback
-        if line.startswith("zoo fit: error:") or line.startswith("error:"):
-            return line
-    for line in reversed(lines):
-        head = line.split(":", 1)[0]
-        if head.endswith(("Error", "Exception")) and " " not in head:
-            return line
-    return f"exit code {returncode}; see {log}"
-
-
-def write_summary(rows: list[dict[str, Any]], directory: Path, header: list[str]) -> None:
-    with open(directory / "summary.csv", "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    table = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    table += ["| " + " | ".join(cell(row[c], c).replace("|", "\\|") for c in COLUMNS) + " |" for row in rows]
-    (directory / "summary.md").write_text("\n".join(header + [""] + table) + "\n")
-
-
-def cell(value: Any, column: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if column in ("val_acc", "val_loss", "train_loss", "val_ppl"):
-        return f"{value:.3f}"
-    if column in ("tokens_per_s", "peak_mem_mb", "train_mem_mb"):
-        return f"{value:,.0f}"
-    if column in ("fit_s", "wall_s"):
-        return f"{value:.1f}"
-    if column == "parameters":
-        return f"{value:,}"
-    return str(value)
-
-
-def plot(rows: list[dict[str, Any]], directory: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [r for r in rows if r["status"] == "ok"]
-    failed = [r["mechanism"] for r in rows if r["status"] != "ok"]
-    note = f"\nfailed: {', '.join(failed)}" if failed else ""
-
-    figure, axes = plt.subplots(figsize=(8, 5))
-    markers = "osD^vP*Xh<>"
-    for index, row in enumerate(done):  # a legend, not annotations: close points would overprint their labels
-        axes.scatter(row["tokens_per_s"], row["val_acc"] or 0.0, marker=markers[index % len(markers)],
-                     s=50, label=row["mechanism"])  # fmt: skip
-    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    axes.set_xlabel("training throughput (real tokens / s)")
-    axes.set_ylabel("validation accuracy (final)")
-    axes.set_title(f"{title}: accuracy vs throughput{note}", fontsize=10)
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(directory / "accuracy_vs_throughput.png", dpi=120)
-    plt.close(figure)
-
-    names = [r["mechanism"] for r in done]
-    start = [r["peak_mem_mb"] - r["train_mem_mb"] for r in done]
-    figure, axes = plt.subplots(figsize=(7, 0.4 * max(len(done), 3) + 1.5))
-    axes.barh(names, start, color="lightgray", label="in use when training started")
-    axes.barh(names, [r["train_mem_mb"] for r in done], left=start, label="added by training (to the peak)")
-    axes.invert_yaxis()
-    axes.set_xlabel("peak memory (MB): CUDA allocated, or CPU resident set size")
-    axes.set_title(f"{title}: peak memory{note}", fontsize=10)
-    axes.legend(fontsize=8, loc="lower right")
-    axes.grid(axis="x", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(directory / "peak_memory.png", dpi=120)
-    plt.close(figure)
+def _identity(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
 
 
 def main(argv: list[str]) -> int:
@@ -327,61 +227,132 @@ def main(argv: list[str]) -> int:
             parser.error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
         config = parser.parse_args(["--config", str(DEFAULT_CONFIG), *own])
     out = console()
+    if config.seeds < 1 or config.threads < 1:
+        parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
+    task_config = str(Path(config.task_config.absolute))
+    fit_args = [*config.fit_args, *fit_extra]
     try:
         entries = plan(config.attentions, config.options)
     except ValueError as error:
         parser.error(str(error))
-    task_config = str(Path(config.task_config.absolute))
-    fit_args = [*config.fit_args, *fit_extra]
-    directory = new_experiment_dir(Path(config.runs_dir), config.experiment or Path(task_config).stem)
-    parser.save(config, directory / "compare.yaml", skip_none=False, skip_check=True)
-    out.print(f"[bold]zoo compare[/]: {len(entries)} mechanism(s) on {task_config} -> {directory}")
+    out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {task_config} ...")
+    problems, vary_data_order = check_entries(entries, task_config, fit_args)
+    if problems:
+        parser.error("these entries cannot be built, nothing was run:\n  " + "\n  ".join(problems))
+    resolved = yaml.safe_load(parser.dump(config, skip_none=False, skip_check=True))
+    resolved["task_config"], resolved["fit_args"] = task_config, fit_args
+    try:
+        directory, resuming = experiment_directory(
+            Path(config.runs_dir), config.experiment or Path(task_config).stem, _identity(resolved), config.fresh
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    (directory / "compare.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
 
-    rows = []
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=out,
-    ) as progress:  # fmt: skip
-        overall = progress.add_task("[bold]mechanisms", total=len(entries))
-        for entry in entries:
-            command = fit_command(entry, task_config, directory, config.seed, fit_args)
-            row = run_entry(entry, command, directory / entry.label, config.threads, config.timeout, progress)
-            rows.append(row)
-            progress.advance(overall)
-            # one line per finished run, so logs (no live bar off a terminal) show progress too
-            out.print(
-                f"  {entry.label}: {row['status']}, val_acc {cell(row.get('val_acc'), 'val_acc')}, "
-                f"{cell(row.get('tokens_per_s'), 'tokens_per_s')} tokens/s, {cell(row.get('wall_s'), 'wall_s')} s"
-            )
+    seeds = list(range(config.seed, config.seed + config.seeds))
+    runs = [Run(entry, seed) for seed in seeds for entry in entries]  # seed-major: whole seeds finish first
+    done = [r for r in runs if is_finished(r.directory(directory))]
+    out.print(
+        f"{'resuming' if resuming else 'new experiment'} {directory}: {len(entries)} mechanism(s) x {len(seeds)} "
+        f"seed(s) = {len(runs)} runs" + (f", {len(done)} finished earlier" if done else "")
+    )
+    if not vary_data_order and len(seeds) > 1:
+        out.print("[yellow]the data module has no shuffle_seed: seeds vary the model initialisation only[/]")
 
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    rows: list[dict[str, Any]] = []
+    try:
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=out,
+        ) as progress:  # fmt: skip
+            overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
+            for run in runs:
+                rows.append(
+                    _do_run(run, directory, task_config, fit_args, config, vary_data_order, stop, progress, out)
+                )
+                if run not in done:
+                    progress.advance(overall)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    metric = config.metric or primary_metric(rows)
     header = [
         f"# zoo compare: {directory.name}",
         "",
-        f"- task config: `{task_config}`; extra fit args: `{' '.join(fit_args) or '-'}`; seed {config.seed}",
-        f"- {config.threads} torch thread(s) per run; {platform.platform()}; Python {platform.python_version()}",
-        "- val_acc, val_loss, val_ppl: last validation of the run; train_loss: last logged training step",
-        "- tokens_per_s: real (unpadded) tokens per second of training steps (forward, backward, optimizer),"
-        " after 5 warm-up steps; peak_mem_mb: CUDA max allocated, or on CPU the run's peak resident set size"
-        " (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory in use when"
-        " training started",
-        "- fit_s: Trainer.fit wall time; wall_s: the whole subprocess (start-up and data included)",
+        f"- task config: `{task_config}`; extra fit args: `{' '.join(fit_args) or '-'}`",
+        f"- seeds {seeds[0]}..{seeds[-1]} per mechanism (model initialisation"
+        + (" and training order" if vary_data_order else " only; the data module has no shuffle_seed")
+        + "); the data are the same in every run",
+        f"- {config.threads} torch thread(s) per run, runs one after another; {platform.platform()}; "
+        f"Python {platform.python_version()}",
+        "- val_*: last validation of the run; tokens_per_s: real (unpadded) tokens per second of training steps "
+        "(forward, backward, optimizer) after 5 warm-up steps; peak_mem_mb: CUDA max allocated, or on CPU the run's "
+        "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
+        "in use when training started; fit_s: Trainer.fit wall time",
     ]
-    write_summary(rows, directory, header)
-    plot(rows, directory, directory.name)
-    print_table(rows, out)
-    out.print(
-        f"wrote {directory}/summary.md, summary.csv, accuracy_vs_throughput.png, peak_memory.png; "
-        f"curves: tensorboard --logdir {directory}"
-    )
+    summary = write_outputs(directory, rows, header)
+    write_layout(directory, sorted({f"val/{k[4:]}" for r in rows for k in r if k.startswith("val_")}))
+    print_table(summary, metric, out)
+    written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"
+    if config.bench:
+        from experiments.report import write_report
+
+        report = write_report(directory, Path(config.bench))
+        written += f", {report.name}, pareto.png"
+    out.print(f"wrote {directory}/ {written}; curves: tensorboard --logdir {directory}")
+    if stop.is_set():
+        out.print(f"[yellow]interrupted[/]: rerun the same command to resume {directory}")
+        return 130
     return 0 if any(r["status"] == "ok" for r in rows) else 1
 
 
-def print_table(rows: list[dict[str, Any]], out: Any) -> None:
-    shown = ("mechanism", "options", "val_acc", "val_loss", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "fit_s")
-    table = Table(title="zoo compare")
-    for column in (*shown, "status"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        status = "ok" if row["status"] == "ok" else f"[red]failed: {escape(str(row['reason']))}[/]"
-        table.add_row(*(escape(cell(row[c], c)) for c in shown), status)
-    out.print(table)
+def _do_run(
+    run: Run,
+    directory: Path,
+    task_config: str,
+    fit_args: list[str],
+    config: Any,
+    vary_data_order: bool,
+    stop: threading.Event,
+    progress: Progress,
+    out: Any,
+) -> dict[str, Any]:
+    run_dir = run.directory(directory)
+    if is_finished(run_dir):
+        return run_row(run, run_dir, status="ok", wall_s=None)
+    if stop.is_set():
+        return run_row(run, run_dir, status="not run", wall_s=None, reason="the comparison was interrupted first")
+    how = prepare_directory(run_dir)
+    command = fit_command(run, task_config, directory, fit_args, vary_data_order=vary_data_order)
+    task = progress.add_task(run.name, total=None)
+    returncode, wall, ended = execute(
+        command,
+        run_dir,
+        threads=config.threads,
+        timeout=config.timeout,
+        stop=stop,
+        on_progress=lambda step, total: progress.update(task, completed=step, total=total),
+    )
+    record = read_record(run_dir)
+    ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
+    status = "ok" if ok else ("interrupted" if ended == "interrupted" else "failed")
+    reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, config.timeout)
+    progress.update(task, description=f"{run.name} [{'green' if ok else 'red'}]{status}[/]")
+    progress.remove_task(task)
+    row = run_row(run, run_dir, status=status, wall_s=wall, reason=reason)
+    # one line per finished run, so logs (no live bar off a terminal) show progress too
+    extra = "" if how == "new" else f" ({how})"
+    out.print(
+        f"  {run.name}: {status}{extra}, val_acc {format_interval(_single(row.get('val_acc')), 'val_acc')}, "
+        f"{format_interval(_single(row.get('tokens_per_s')), 'tokens_per_s')} tokens/s, {wall:.1f} s"
+        + (f" - {reason}" if reason else "")
+    )
+    return row
+
+
+def _single(value: Any):
+    from experiments.stats import summarize
+
+    return summarize([value]) if isinstance(value, (int, float)) else None

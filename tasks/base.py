@@ -183,10 +183,20 @@ class EncoderTask(pl.LightningModule):
         logger = self.logger
         if not isinstance(logger, TensorBoardLogger):
             return
-        flat = flatten_hparams(dict(self.hparams))
+        flat = hparams_for_view(dict(self.hparams))
         writer = logger.experiment._get_file_writer()  # the writer SummaryWriter.add_hparams itself uses
         for summary in hparams_summary(flat, {name: 0.0 for name in self.hparam_metrics}):
             writer.add_summary(summary)
+
+
+def hparams_for_view(params: dict[str, Any]) -> dict[str, bool | int | float | str]:
+    """What TensorBoard's HParams view lists for a run: ``attention``, a short ``options`` string (``k=64
+    sharing=kv``, or ``-``) and the other hyperparameters flattened; LightningCLI's bookkeeping entries
+    (``_class_path``, ``_instantiator``) and the options' nested form are left out."""
+    visible = {k: v for k, v in params.items() if not k.startswith("_") and k != "attention_options"}
+    options = params.get("attention_options") or {}
+    visible["options"] = " ".join(f"{k}={v}" for k, v in options.items()) or "-"
+    return flatten_hparams(visible)
 
 
 def flatten_hparams(params: dict[str, Any], prefix: str = "") -> dict[str, bool | int | float | str]:

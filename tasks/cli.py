@@ -33,7 +33,7 @@ LINKED = ("vocab_size", "max_seq_len", "num_classes")
 
 
 class ZooCLI(LightningCLI):
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], *, run: bool = True) -> None:
         super().__init__(
             EncoderTask,
             LightningDataModule,
@@ -43,6 +43,7 @@ class ZooCLI(LightningCLI):
             save_config_kwargs={"overwrite": True},  # a resumed run rewrites its own config.yaml
             auto_configure_optimizers=False,  # each task owns its optimizer and schedule
             args=args,
+            run=run,
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -65,7 +66,7 @@ class ZooCLI(LightningCLI):
             raise
 
     def before_instantiate_classes(self) -> None:
-        config = self.config[self.subcommand]
+        config = self.config[self.subcommand] if self.subcommand else self.config
         place_run(config.trainer.logger, config.model.init_args.attention, resume=config.get("ckpt_path") == "last")
 
 
@@ -85,6 +86,16 @@ def place_run(logger: object, attention: str, *, resume: bool) -> None:
         versions = [int(m[1]) for p in root.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
         if versions:
             init.version = max(versions)
+
+
+def build(argv: list[str]) -> tuple[EncoderTask, LightningDataModule]:
+    """The task and data module that ``zoo fit <argv>`` would train, built without training, logging or
+    writing anything (``zoo compare`` checks every mechanism this way before it starts). Raises
+    :class:`ConfigError` (or jsonargparse's error) for a configuration ``zoo fit`` would refuse."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = ZooCLI([*argv, "--trainer.logger=false"], run=False)
+    return cli.model, cli.datamodule
 
 
 def run(subcommand: str, argv: list[str]) -> int:

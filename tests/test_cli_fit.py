@@ -31,6 +31,7 @@ TINY_DATA = {
     "recall": ["--data.seq_len", "32", "--data.num_kv_pairs", "4", "--data.vocab_size", "32"]
     + ["--data.train_size", "64", "--data.val_size", "16", "--data.test_size", "16"],
     "mlm": ["--data.max_bytes", "20000", "--data.max_seq_len", "32"],
+    "majority": ["--data.seq_len", "32", "--data.train_size", "64", "--data.val_size", "16", "--data.test_size", "16"],
     "text": ["--data.data_dir", "null", "--data.max_seq_len", "32"],  # + --data.train_file, see tiny_args
 }
 #: a second mechanism per task, with options for 32-token inputs (skipped where it is not registered)
@@ -38,6 +39,7 @@ SECOND = {
     "listops": ("linformer", {"k": 8}),
     "recall": ("local", {"window": 8}),
     "mlm": ("nystrom", {"num_landmarks": 4}),
+    "majority": ("linformer", {"k": 8}),
     "text": ("sparse", {"pattern": "strided", "stride": 4}),
 }
 
@@ -133,7 +135,8 @@ def test_tensorboard_gets_the_promised_tags_and_hparams(tmp_path, reviews_csv):
     assert "config" in "".join(events.Tags()["tensors"])  # the resolved YAML, as TensorBoard text
     plugins = events.PluginTagToContent("hparams")
     session = plugins["_hparams_/session_start_info"].decode(errors="replace")
-    assert "attention" in session and "full" in session and "attention_options/backend" in session
+    assert "attention" in session and "full" in session and "backend=math" in session
+    assert "_class_path" not in session and "_instantiator" not in session
     experiment = plugins["_hparams_/experiment"].decode(errors="replace")
     assert "val/acc" in experiment and "train/tokens_per_s" in experiment
 

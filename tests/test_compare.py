@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ import yaml
 
 import attention_zoo as az
 from experiments import compare
+from experiments.compare_runs import failure_reason
+from experiments.tensorboard_layout import read_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,18 +43,14 @@ def test_parse_attentions_rejects_options_without_an_entry(text):
         compare.parse_attentions(text)
 
 
-def test_default_plan_is_every_mechanism_that_takes_padding_masks():
-    entries = compare.plan(None, {"full": {}})
+def test_default_plan_is_every_mechanism_that_takes_padding_masks_with_its_defaults():
+    entries = compare.plan(None, {"full": {"backend": "sdpa"}})
     expected = [n for n in az.list_attentions() if az.get_attention_class(n).supports_mask]
     assert [e.attention for e in entries] == expected == [e.label for e in entries]
     by_name = {e.attention: e for e in entries}
-    assert by_name["full"].options == {} and by_name["full"].options_from == "config"
+    assert by_name["full"].options == {"backend": "sdpa"} and by_name["full"].options_from == "config"
     for entry in (e for e in entries if e.attention != "full"):
-        cls = az.get_attention_class(entry.attention)
-        if any(spec.required for spec in az.attention_options(cls)):
-            assert (entry.options, entry.options_from) == (cls.example_configs[0], "example_configs")
-        else:
-            assert (entry.options, entry.options_from) == ({}, "defaults")
+        assert (entry.options, entry.options_from) == ({}, "defaults")
 
 
 def test_options_come_from_the_command_line_then_the_config():
@@ -62,44 +62,69 @@ def test_options_come_from_the_command_line_then_the_config():
 
 
 def test_plan_rejects_unknown_names_and_duplicates():
-    with pytest.raises(ValueError, match="unknown attention 'flash'; known: .*full"):
+    with pytest.raises(ValueError, match="unknown attention.*'flash'.*known: .*full"):
         compare.plan("full,flash", {})
     with pytest.raises(ValueError, match="twice"):
         compare.plan("full,full", {})
 
 
-def test_experiment_directories_are_never_reused(tmp_path):
-    first = compare.new_experiment_dir(tmp_path, "exp")
+def test_experiment_directory_resumes_the_same_comparison_and_never_touches_another(tmp_path):
+    identity = {"task_config": "a.yaml", "fit_args": ["--x=1"]}
+    first, resuming = compare.experiment_directory(tmp_path, "exp", identity, fresh=False)
+    assert (first.name, resuming) == ("exp", False)
+    (first / "compare.yaml").write_text(yaml.safe_dump({**identity, "seeds": 3}))
     (first / "keep.txt").write_text("earlier results")
-    second = compare.new_experiment_dir(tmp_path, "exp")
-    third = compare.new_experiment_dir(tmp_path, "exp")
-    assert [first.name, second.name, third.name] == ["exp", "exp-2", "exp-3"]
+    again, resuming = compare.experiment_directory(tmp_path, "exp", identity, fresh=False)
+    assert (again, resuming) == (first, True)  # more or fewer seeds resume the same experiment
+    with pytest.raises(ValueError, match="holds a different comparison.*fit_args.*--fresh"):
+        compare.experiment_directory(tmp_path, "exp", {**identity, "fit_args": ["--x=2"]}, fresh=False)
+    fresh, resuming = compare.experiment_directory(tmp_path, "exp", identity, fresh=True)
+    assert (fresh.name, resuming) == ("exp-2", False)
     assert (first / "keep.txt").read_text() == "earlier results"
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ValueError, match="not a zoo compare experiment"):
+        compare.experiment_directory(tmp_path, "plain", identity, fresh=False)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", ""])
+def test_experiment_names_are_plain_folder_names(tmp_path, name):
+    with pytest.raises(ValueError, match="plain folder name"):
+        compare.experiment_directory(tmp_path / "runs", name, {}, fresh=False)
+    assert not (tmp_path / "x").exists()
 
 
 def test_failure_reason_prefers_the_run_record_then_the_cli_error_then_the_exception(tmp_path):
     log = tmp_path / "fit.log"
     log.write_text("Seed set to 0\nzoo fit: error: cannot build the encoder: bad k\n")
-    assert compare.failure_reason(2, {}, log, False, None) == "zoo fit: error: cannot build the encoder: bad k"
+    assert failure_reason(2, {}, log, "exited", None) == "zoo fit: error: cannot build the encoder: bad k"
     log.write_text("Traceback (most recent call last):\n  File x\ntorch.OutOfMemoryError: CUDA out of memory.\n")
-    assert compare.failure_reason(1, {}, log, False, None) == "torch.OutOfMemoryError: CUDA out of memory."
+    assert failure_reason(1, {}, log, "exited", None) == "torch.OutOfMemoryError: CUDA out of memory."
     record = {"status": "failed", "error": "RuntimeError: boom"}
-    assert compare.failure_reason(1, record, log, False, None) == "RuntimeError: boom"
-    assert compare.failure_reason(-9, {}, log, False, None) == "killed by SIGKILL (out of memory?)"
-    assert compare.failure_reason(-15, {}, log, True, 30.0) == "timed out after 30 s"
+    assert failure_reason(1, record, log, "exited", None) == "RuntimeError: boom"
+    assert failure_reason(-9, {}, log, "exited", None) == "killed by SIGKILL (out of memory?)"
+    assert failure_reason(-15, {}, log, "timed out", 30.0) == "timed out after 30 s"
+    assert "rerun the same zoo compare command" in failure_reason(-2, {}, log, "interrupted", None)
 
 
-def test_default_config_parses_and_its_options_build_at_its_length():
+def test_default_config_parses_and_builds_every_mechanism_it_names():
     config = compare.build_parser().parse_args(["--config", str(compare.DEFAULT_CONFIG)])
     assert Path(config.task_config.absolute).is_file() and config.experiment and config.threads >= 1
-    (seq_len,) = [int(arg.split("=")[1]) for arg in config.fit_args if arg.startswith("--data.seq_len=")]
-    for name, options in config.options.items():
-        if name in az.list_attentions():
-            az.create_attention(name, dim_head=32, heads=2, max_seq_len=seq_len, **options)
+    assert config.seeds >= 3  # a 95% interval needs at least 3 seeds to be worth printing
+    entries = compare.plan(config.attentions, config.options)
+    problems, shuffle = compare.check_entries(entries, str(config.task_config.absolute), config.fit_args)
+    assert problems == [] and shuffle
+
+
+def test_check_entries_lists_every_bad_entry_before_anything_runs():
+    entries = compare.plan("full,linformer:k=abc,local:window=7", {})
+    problems, _ = compare.check_entries(entries, str(ROOT / "configs" / "recall.yaml"), ["--data.seq_len=64"])
+    assert len(problems) == 2
+    assert problems[0].startswith("linformer: ") and "k='abc'" in problems[0]
+    assert problems[1].startswith("local: ") and "window must be an even int" in problems[1]
 
 
 @pytest.mark.slow
-def test_compare_end_to_end_on_a_tiny_config(tmp_path):
+def test_compare_end_to_end_with_seeds_a_failure_an_interruption_and_a_resume(tmp_path):
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text(
         yaml.safe_dump(
@@ -107,6 +132,7 @@ def test_compare_end_to_end_on_a_tiny_config(tmp_path):
                 "experiment": "tiny",
                 "task_config": str(ROOT / "configs" / "recall.yaml"),
                 "runs_dir": str(tmp_path / "runs"),
+                "seeds": 2,
                 "options": {"full": {"backend": "math"}},
                 "fit_args": [
                     "--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
@@ -117,29 +143,91 @@ def test_compare_end_to_end_on_a_tiny_config(tmp_path):
             }
         )
     )  # fmt: skip
-    second = "linformer:k=8" if "linformer" in az.list_attentions() else "full:backend=sdpa"
     env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache")}
-    result = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", "compare", "--config", str(tiny),
-         "--attentions", f"full,{second},full:backend=cuda"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.cli",
+        "compare",
+        "--config",
+        str(tiny),
+        "--attentions",
+        "full,local:window=8",
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     experiment = tmp_path / "runs" / "tiny"
-    with open(experiment / "summary.csv") as file:
-        rows = list(csv.DictReader(file))
-    assert [r["attention"] for r in rows] == ["full", second.split(":")[0], "full"]
-    assert [r["status"] for r in rows] == ["ok", "ok", "failed"]
-    assert "backend='cuda' is not a valid" in rows[2]["reason"] and "'math'" in rows[2]["reason"]
-    for row in rows[:2]:
+    with open(experiment / "runs.csv") as file:
+        runs = list(csv.DictReader(file))
+    assert [(r["mechanism"], r["seed"], r["status"]) for r in runs] == [
+        ("full", "0", "ok"),
+        ("local", "0", "ok"),
+        ("full", "1", "ok"),
+        ("local", "1", "ok"),
+    ]  # seed-major
+    for row in runs:
         assert 0 <= float(row["val_acc"]) <= 1 and float(row["tokens_per_s"]) > 0
         assert float(row["peak_mem_mb"]) >= float(row["train_mem_mb"]) >= 0
-        assert int(row["parameters"]) > 0 and int(row["steps"]) == 4
-        assert any((experiment / row["mechanism"]).glob("events.out.tfevents.*"))
-        assert json.loads((experiment / row["mechanism"] / "run.json").read_text())["status"] == "finished"
-    summary = (experiment / "summary.md").read_text()
-    assert all(row["mechanism"] in summary for row in rows) and "| mechanism |" in summary
-    for plot in ("accuracy_vs_throughput.png", "peak_memory.png"):
-        assert (experiment / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert yaml.safe_load((experiment / "compare.yaml").read_text())["experiment"] == "tiny"
-    assert "zoo compare" in result.stdout and "failed" in result.stdout  # the final table
+        run_dir = experiment / row["mechanism"] / f"seed-{row['seed']}"
+        assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+        assert any(run_dir.glob("events.out.tfevents.*"))
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["seed_everything"] == int(row["seed"])
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["init_args"]["shuffle_seed"] == int(
+            row["seed"]
+        )
+    with open(experiment / "summary.csv") as file:
+        summary = {r["mechanism"]: r for r in csv.DictReader(file)}
+    assert set(summary) == {"full", "local"} and all(r["seeds"] == "2" and r["ok"] == "2" for r in summary.values())
+    accuracies = [float(r["val_acc"]) for r in runs if r["mechanism"] == "full"]
+    assert float(summary["full"]["val_acc_mean"]) == pytest.approx(sum(accuracies) / 2)
+    assert (
+        float(summary["full"]["val_acc_ci_low"])
+        <= float(summary["full"]["val_acc_mean"])
+        <= float(summary["full"]["val_acc_ci_high"])
+    )
+    assert {r["rank"] for r in summary.values()} <= {"1", "=1", "2"}
+    for name in ("accuracy_vs_throughput.png", "peak_memory.png"):
+        assert (experiment / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    layout = read_layout(next(experiment.glob("events.out.tfevents.*.layout")))
+    assert layout["zoo compare"]["validation acc"] == ["Multiline", ["^val/acc$"]]
+    assert "rank" in result.stdout and "full" in result.stdout
+    table = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert len(table) >= 6 and max(len(line) for line in table) <= 120  # readable in a 120-column terminal
+
+    # a rerun resumes: nothing runs again; one more seed adds exactly two runs
+    again = subprocess.run([*command, "--seeds", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming" in again.stdout and "4 finished earlier" in again.stdout
+    with open(experiment / "runs.csv") as file:
+        assert [(r["mechanism"], r["seed"]) for r in csv.DictReader(file)][-2:] == [("full", "2"), ("local", "2")]
+    # a different comparison in the same directory is refused, and nothing in it changes
+    before = (experiment / "runs.csv").read_text()
+    other = subprocess.run([*command, "--", "--model.dim=32"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert other.returncode == 2 and "holds a different comparison" in other.stderr
+    assert (experiment / "runs.csv").read_text() == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
+    env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    command = [
+        sys.executable, "-m", "experiments.cli", "compare", "--task_config", str(ROOT / "configs" / "recall.yaml"),
+        "--attentions", "full,local:window=8", "--runs_dir", str(tmp_path / "runs"), "--experiment", "sigint",
+        "--fit_args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
+                                  "--data.train_size=256", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
+                                  "--trainer.max_steps=400", "--trainer.val_check_interval=100"]),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    experiment = tmp_path / "runs" / "sigint"
+    deadline = time.monotonic() + 120
+    while not (experiment / "full" / "seed-0" / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "interrupted" in output and "rerun the same command" in output and "Traceback" not in output
+    with open(experiment / "runs.csv") as file:
+        statuses = [(r["mechanism"], r["status"]) for r in csv.DictReader(file)]
+    assert statuses == [("full", "interrupted"), ("local", "not run")]
+    assert (experiment / "summary.md").is_file()

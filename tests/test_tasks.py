@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import attention_zoo as az
-from tasks.base import ConfigError, flatten_hparams
+from tasks.base import ConfigError, flatten_hparams, hparams_for_view
 from tasks.classification import SequenceClassification
 from tasks.token_prediction import TokenPrediction
 
@@ -112,6 +112,18 @@ def test_hparams_carry_the_attention_and_flatten_for_tensorboard():
     assert flat["attention"] == "full" and flat["attention_options/backend"] == "math"
     assert flat["dim_head"] == "None"
     assert flatten_hparams({"attention_options": {}}) == {"attention_options": "{}"}
+
+
+def test_hparams_view_shows_attention_and_a_short_options_string_without_cli_bookkeeping():
+    params = {
+        "attention": "linformer",
+        "attention_options": {"k": 64, "sharing": "kv"},
+        "dim": 64,
+        "_class_path": "tasks.token_prediction.TokenPrediction",
+        "_instantiator": "lightning.pytorch.cli.instantiate_module",
+    }
+    assert hparams_for_view(params) == {"attention": "linformer", "options": "k=64 sharing=kv", "dim": 64}
+    assert hparams_for_view({"attention": "full", "attention_options": {}})["options"] == "-"
 
 
 def pretrained_checkpoint(tmp_path, **overrides) -> str:

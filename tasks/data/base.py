@@ -229,6 +229,8 @@ class ZooDataModule(LightningDataModule):
 
     Args:
         seed: seed of the data (generation, splits, shuffling, masking).
+        shuffle_seed: seed of the training order alone (None: derived from ``seed``); ``zoo compare --seeds``
+            varies it, keeping the data themselves fixed.
         batch_size: sequences per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
@@ -248,6 +250,7 @@ class ZooDataModule(LightningDataModule):
         self,
         *,
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -259,6 +262,7 @@ class ZooDataModule(LightningDataModule):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         self.seed = seed
+        self.shuffle_seed = shuffle_seed
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pad_to_max_len = pad_to_max_len
@@ -308,7 +312,9 @@ class ZooDataModule(LightningDataModule):
         sampler = EpochSampler(
             dataset,
             shuffle=train,
-            seed=derive_seed(self.seed, "shuffle"),
+            seed=derive_seed(self.seed, "shuffle")
+            if self.shuffle_seed is None
+            else derive_seed(self.shuffle_seed, "order"),
             num_replicas=num_replicas,
             rank=rank,
             redraw_per_epoch=train,

@@ -148,6 +148,7 @@ class ListOpsDataModule(ZooDataModule):
         test_size: test expressions (LRA: 2000).
         prepend_cls: put ``<cls>`` (id 1) before each expression, for models that pool the first token.
         seed: seed of the data (generation, shuffling).
+        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: sequences per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
@@ -169,6 +170,7 @@ class ListOpsDataModule(ZooDataModule):
         test_size: int = 2_000,
         prepend_cls: bool = False,
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -176,6 +178,7 @@ class ListOpsDataModule(ZooDataModule):
     ):
         super().__init__(
             seed=seed,
+            shuffle_seed=shuffle_seed,
             batch_size=batch_size,
             num_workers=num_workers,
             pad_to_max_len=pad_to_max_len,

@@ -141,6 +141,7 @@ class MaskedLMDataModule(ZooDataModule):
         tokenizer_vocab_size: vocabulary size of a trained tokenizer.
         tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
         seed: seed of the file sample, masking and shuffling.
+        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: sequences per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
@@ -165,6 +166,7 @@ class MaskedLMDataModule(ZooDataModule):
         tokenizer_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -172,6 +174,7 @@ class MaskedLMDataModule(ZooDataModule):
     ):
         super().__init__(
             seed=seed,
+            shuffle_seed=shuffle_seed,
             batch_size=batch_size,
             num_workers=num_workers,
             pad_to_max_len=pad_to_max_len,

@@ -73,6 +73,7 @@ class AssociativeRecallDataModule(ZooDataModule):
         val_size: validation sequences.
         test_size: test sequences (Zoology: 3000).
         seed: seed of the data (generation, shuffling).
+        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: sequences per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad every batch to ``max_seq_len`` (all sequences already have that length).
@@ -93,6 +94,7 @@ class AssociativeRecallDataModule(ZooDataModule):
         val_size: int = 3_000,
         test_size: int = 3_000,
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -100,6 +102,7 @@ class AssociativeRecallDataModule(ZooDataModule):
     ):
         super().__init__(
             seed=seed,
+            shuffle_seed=shuffle_seed,
             batch_size=batch_size,
             num_workers=num_workers,
             pad_to_max_len=pad_to_max_len,

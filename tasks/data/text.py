@@ -118,6 +118,7 @@ class TextClassificationDataModule(ZooDataModule):
         tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
         prepend_cls: put ``<cls>`` (id 1) before each text, for models that pool the first token.
         seed: seed of the carving, subsampling and shuffling.
+        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: sequences per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
@@ -151,6 +152,7 @@ class TextClassificationDataModule(ZooDataModule):
         tokenizer_file: str | None = None,
         prepend_cls: bool = False,
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -158,6 +160,7 @@ class TextClassificationDataModule(ZooDataModule):
     ):
         super().__init__(
             seed=seed,
+            shuffle_seed=shuffle_seed,
             batch_size=batch_size,
             num_workers=num_workers,
             pad_to_max_len=pad_to_max_len,

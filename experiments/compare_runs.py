@@ -1,0 +1,201 @@
+"""One ``zoo compare`` run: a (mechanism, options, seed) trained by one ``zoo fit`` subprocess.
+
+The run's directory is ``<experiment>/<label>/seed-<seed>/`` (the TensorBoard logger's version, so
+``tensorboard --logdir <experiment>`` shows ``<label>/seed-<seed>`` runs side by side); the subprocess keeps
+``run.json`` there up to date (``tasks/callbacks.py``), which is all the parent reads: progress while it
+runs, then metrics, throughput and memory. A run whose ``run.json`` says ``finished`` is done for good; a
+rerun of the experiment skips it (resume), continues an unfinished one from its ``last.ckpt``, and starts
+over one that left no checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.callbacks import RUN_RECORD
+
+
+@dataclass
+class Entry:
+    """One mechanism with its options; ``label`` names its directory and its summary row."""
+
+    attention: str
+    options: dict[str, Any]
+    options_from: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    entry: Entry
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.entry.label}/seed-{self.seed}"
+
+    def directory(self, experiment: Path) -> Path:
+        return experiment / self.entry.label / f"seed-{self.seed}"
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def is_finished(run_dir: Path) -> bool:
+    return read_record(run_dir).get("status") == "finished"
+
+
+def resume_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint an unfinished run continues from, if it saved one."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return last if last.is_file() else None
+
+
+def fit_command(
+    run: Run, task_config: str, experiment: Path, fit_args: list[str], *, vary_data_order: bool
+) -> list[str]:
+    """The ``zoo fit`` command line of ``run`` (continuing from its ``last.ckpt`` when there is one)."""
+    logger = {
+        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "init_args": {
+            "save_dir": str(experiment.parent),
+            "name": experiment.name,
+            "version": run.name,
+            "default_hp_metric": False,
+        },
+    }
+    command = [
+        sys.executable, "-m", "experiments.cli", "fit", "-c", task_config,
+        "--seed_everything", str(run.seed),
+        "--model.attention", run.entry.attention,
+        "--model.attention_options", json.dumps(run.entry.options),
+        "--trainer.logger", json.dumps(logger),
+        "--trainer.enable_progress_bar", "false",
+    ]  # fmt: skip
+    if vary_data_order:
+        command += ["--data.shuffle_seed", str(run.seed)]
+    checkpoint = resume_checkpoint(run.directory(experiment))
+    if checkpoint is not None:
+        command += ["--ckpt_path", str(checkpoint)]
+    return [*command, *fit_args]
+
+
+def prepare_directory(run_dir: Path) -> str:
+    """Make ``run_dir`` ready for a (re)start; say what was done with an earlier attempt."""
+    if not run_dir.exists():
+        run_dir.mkdir(parents=True)
+        return "new"
+    if resume_checkpoint(run_dir) is not None:
+        return "continued from its last checkpoint"
+    shutil.rmtree(run_dir)  # an attempt that saved no checkpoint: nothing to continue from
+    run_dir.mkdir(parents=True)
+    return "restarted (the earlier attempt left no checkpoint)"
+
+
+def execute(
+    command: list[str],
+    run_dir: Path,
+    *,
+    threads: int,
+    timeout: float | None,
+    stop: threading.Event,
+    on_progress: Any = None,
+) -> tuple[int, float, str]:
+    """Run ``command`` with its output in ``run_dir/fit.log``; return (exit code, wall seconds, how it
+    ended: ``"exited"``, ``"timed out"`` or ``"interrupted"``). ``on_progress(step, max_steps)`` is called
+    while it runs; setting ``stop`` ends it early (SIGINT, then SIGKILL after 15 s)."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    ended = "exited"
+    with open(run_dir / "fit.log", "a") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        while process.poll() is None:
+            record = read_record(run_dir)
+            if on_progress is not None and record.get("max_steps"):
+                on_progress(record.get("step", 0), record["max_steps"])
+            if timeout is not None and time.perf_counter() - started > timeout:
+                ended = "timed out"
+            elif stop.is_set():
+                ended = "interrupted"
+            if ended != "exited":
+                _terminate(process)
+                break
+            stop.wait(0.25)
+        process.wait()
+    return process.returncode, time.perf_counter() - started, ended
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    """SIGINT first (Lightning stops cleanly and the run records why), SIGKILL if it does not exit."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def failure_reason(returncode: int, record: dict, log: Path, ended: str, timeout: float | None) -> str:
+    if ended == "timed out":
+        return f"timed out after {timeout:g} s"
+    if ended == "interrupted":
+        return "interrupted (rerun the same zoo compare command to resume)"
+    if record.get("status") == "failed" and record.get("error"):
+        return record["error"]
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return f"killed by {name}" + (" (out of memory?)" if -returncode == signal.SIGKILL else "")
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):  # a clean CLI error, else the exception line closing a traceback
+        if line.startswith("zoo fit: error:") or line.startswith("error:"):
+            return line
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return line
+    return f"exit code {returncode}; see {log}"
+
+
+def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reason: str = "") -> dict[str, Any]:
+    """The summary row of one run, from its ``run.json``."""
+    record = read_record(run_dir)
+    ok = status == "ok"
+    metrics = {k: v for k, v in record.get("metrics", {}).items() if isinstance(v, (int, float))}
+    row = {
+        "mechanism": run.entry.label,
+        "attention": run.entry.attention,
+        "options": json.dumps(run.entry.options),
+        "options_from": run.entry.options_from,
+        "seed": run.seed,
+        "status": status,
+        "tokens_per_s": record.get("tokens_per_s") if ok else None,
+        "peak_mem_mb": record.get("peak_mem_mb") if ok else None,
+        "train_mem_mb": record["peak_mem_mb"] - record["fit_start_mem_mb"] if ok else None,
+        "parameters": record.get("parameters"),
+        "steps": record.get("step"),
+        "fit_s": record.get("fit_seconds"),
+        "wall_s": wall_s if wall_s is not None else record.get("fit_seconds"),
+        "resumed_from_step": record.get("start_step") or None,
+        "reason": reason,
+        "run_dir": str(run_dir),
+        "train_loss": metrics.get("train/loss"),
+    }
+    # every scalar metric of the run: val/acc -> val_acc, test/bleu -> test_bleu, ...
+    row |= {name.replace("/", "_"): value for name, value in metrics.items() if name.split("/")[0] in METRIC_STAGES}
+    return row
+
+
+METRIC_STAGES = ("val", "test", "decode")

@@ -1,0 +1,256 @@
+"""``zoo report``: one answer to "which attention at my length?", joining a ``zoo compare`` experiment
+(accuracy, tokens/s and memory, from training, over seeds) with a ``zoo bench`` result (time per length).
+
+    zoo report --compare runs/mlm-1024 --bench experiments/results/cpu
+    zoo compare --bench experiments/results/cpu        # compare, then this report in the same folder
+
+Writes into the compare experiment's folder:
+- ``pareto.png``: the primary metric (mean ± 95% interval over seeds) against the speedup over full
+  attention in the same training runs (mean tokens/s of the mechanism / mean tokens/s of ``full``), marker
+  area proportional to the memory training added; the Pareto front (no other mechanism is both faster
+  and better) is drawn.
+- ``report.md``: the same numbers as a table, then "which mechanism at which length": for every length
+  the bench measured, the mechanisms that are faster than full attention there (bench speedup, the
+  median time of full / the mechanism's, at the bench's mode and dtype) with what they gave up on the
+  compared task: the difference of means from ``full`` with a Welch 95% interval. The accuracy is the
+  compared task's, at its one length; the speed column is the bench's, at each length.
+
+Bench rows are matched to compare entries by mechanism and options; a mechanism the bench measured only
+with other options is matched to those, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from experiments.bench_tables import is_baseline
+from experiments.compare_summary import lower_is_better, primary_metric, summarize_mechanisms
+from experiments.stats import t_quantile
+
+
+def load_compare(directory: Path) -> list[dict[str, Any]]:
+    path = directory / "runs.csv"
+    if not path.is_file():
+        raise ValueError(f"{directory} has no runs.csv: not a zoo compare experiment (or one that never finished)")
+    with open(path) as file:
+        rows = list(csv.DictReader(file))
+    return [{k: _parse(v) for k, v in row.items()} for row in rows]
+
+
+def load_bench(directory: Path, *, mode: str, dtype: str, level: str) -> list[dict[str, Any]]:
+    path = directory / "results.jsonl"
+    if not path.is_file():
+        raise ValueError(f"{directory} has no results.jsonl: not a zoo bench --out folder")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    chosen = [
+        r for r in rows
+        if r.get("kind") == "time" and r.get("status") == "ok" and r["mode"] == mode and r["dtype"] == dtype
+        and r["level"] == level and not r.get("causal")
+    ]  # fmt: skip
+    if not chosen:
+        found = sorted({(r.get("level"), r.get("mode"), r.get("dtype")) for r in rows})
+        raise ValueError(f"{path} has no non-causal {level} {mode} {dtype} timings; it has {found}")
+    latest: dict[tuple, dict[str, Any]] = {}
+    for row in chosen:  # a rerun case replaces its earlier result
+        latest[(row["attention"], json.dumps(row["options"], sort_keys=True), row["seq_len"])] = row
+    return list(latest.values())
+
+
+def bench_speedups(bench: list[dict[str, Any]], attention: str, options: dict) -> tuple[dict[int, float], str]:
+    """n -> speedup over full (median times) for the mechanism, and a note when other options were used."""
+    base = {r["seq_len"]: r["time_ms_median"] for r in bench if is_baseline(r)}
+    same = [r for r in bench if r["attention"] == attention and r["options"] == options]
+    note = ""
+    if not same:
+        others = [r for r in bench if r["attention"] == attention]
+        if others:
+            chosen = json.dumps(others[0]["options"], sort_keys=True)
+            same = [r for r in others if json.dumps(r["options"], sort_keys=True) == chosen]
+            note = f"bench options {chosen}"
+    return {r["seq_len"]: base[r["seq_len"]] / r["time_ms_median"] for r in same if r["seq_len"] in base}, note
+
+
+def difference(a: Any, b: Any) -> tuple[float, float] | None:
+    """Mean of a minus mean of b, with the half-width of its Welch 95% interval (0 when a seed count is 1)."""
+    if a is None or b is None:
+        return None
+    diff = a.mean - b.mean
+    if a.n < 2 or b.n < 2:
+        return diff, 0.0
+    va, vb = a.std**2 / a.n, b.std**2 / b.n
+    if va + vb == 0:
+        return diff, 0.0
+    dof = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
+    return diff, t_quantile(0.975, max(1, math.floor(dof))) * math.sqrt(va + vb)
+
+
+def write_report(
+    experiment: Path, bench_dir: Path, *, mode: str = "fwd+bwd", dtype: str = "float32", level: str = "core"
+) -> Path:
+    rows = load_compare(experiment)
+    bench = load_bench(bench_dir, mode=mode, dtype=dtype, level=level)
+    metric = primary_metric(rows)
+    summary = [s for s in summarize_mechanisms(rows, metric) if s["ok"]]
+    reference = next((s for s in summary if s["attention"] == "full"), None)
+    if reference is None:
+        raise ValueError(f"{experiment} has no finished 'full' run: speedups and accuracy changes are against full")
+    full_speed = reference["intervals"]["tokens_per_s"].mean
+    points = []
+    for s in summary:
+        speed = s["intervals"]["tokens_per_s"]
+        points.append(
+            {
+                "summary": s,
+                "speedup": speed.mean / full_speed,
+                "speedup_half": speed.half_width / full_speed,
+                "metric": s["intervals"][metric],
+                "memory": s["intervals"]["train_mem_mb"].mean if s["intervals"].get("train_mem_mb") else 0.0,
+                "change": difference(s["intervals"][metric], reference["intervals"][metric]),
+            }
+        )
+    front = pareto_front(points, lower_is_better(metric))
+    plot_pareto(points, front, metric, experiment / "pareto.png", experiment.name)
+
+    sign = "lower" if lower_is_better(metric) else "higher"
+    lines = [
+        f"# zoo report: {experiment.name}",
+        "",
+        f"- accuracy: `{experiment}` ({metric}, {sign} is better; mean ± 95% interval over seeds)",
+        f"- speed by length: `{bench_dir}` ({level}, {mode}, {dtype}, non-causal; speedup = full's median time /"
+        " the mechanism's)",
+        "",
+        "## The compared task",
+        "",
+        "| mechanism | options | seeds | " + metric + " | change vs full | speedup in training | train MB | Pareto |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in sorted(points, key=lambda p: -p["speedup"]):
+        s = p["summary"]
+        lines.append(
+            f"| {s['mechanism']} | `{s['options']}` | {s['ok']} | {_interval(p['metric'])} | {_change(p['change'])} | "
+            f"{p['speedup']:.2f}x ± {p['speedup_half']:.2f} | {p['memory']:,.0f} | {'yes' if p in front else ''} |"
+        )
+    lengths = sorted({r["seq_len"] for r in bench})
+    lines += [
+        "",
+        "## Which mechanism at which length",
+        "",
+        f"Faster than full attention at each length (bench speedup), with the {metric} change on the compared task"
+        " (difference from full, Welch 95% interval; a change whose interval holds 0 is no measurable loss).",
+        "",
+        "| n | faster than full: speedup (change in " + metric + ") | not faster |",
+        "|---|---|---|",
+    ]
+    notes = {}
+    for n in lengths:
+        faster, slower = [], []
+        for p in points:
+            s = p["summary"]
+            if s["attention"] == "full":
+                continue
+            speedups, note = bench_speedups(bench, s["attention"], json.loads(s["options"]))
+            if note:
+                notes[s["mechanism"]] = note
+            if n not in speedups:
+                continue
+            (faster if speedups[n] > 1 else slower).append((speedups[n], s["mechanism"], p["change"]))
+        cells = [f"{name} {speed:.1f}x ({_change(change)})" for speed, name, change in sorted(faster, reverse=True)]
+        behind = ", ".join(name for _, name, _ in sorted(slower, reverse=True))
+        lines.append(f"| {n} | {', '.join(cells) or '-'} | {behind or '-'} |")
+    if notes:
+        lines += ["", "Bench rows measured with other options than the compared run:"]
+        lines += [f"- {name}: {note}" for name, note in sorted(notes.items())]
+    path = experiment / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def pareto_front(points: list[dict[str, Any]], lower_better: bool) -> list[dict[str, Any]]:
+    """Points no other point beats on both speedup and metric (ties on one axis, better on the other)."""
+    value = (lambda p: -p["metric"].mean) if lower_better else (lambda p: p["metric"].mean)
+    front = []
+    for p in points:
+        dominated = any(
+            q is not p
+            and q["speedup"] >= p["speedup"]
+            and value(q) >= value(p)
+            and (q["speedup"] > p["speedup"] or value(q) > value(p))
+            for q in points
+        )
+        if not dominated:
+            front.append(p)
+    return front
+
+
+def plot_pareto(points: list[dict[str, Any]], front: list[dict[str, Any]], metric: str, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5.5))
+    biggest = max((p["memory"] for p in points), default=1.0) or 1.0
+    for p in points:
+        s = p["summary"]
+        axes.errorbar(p["speedup"], p["metric"].mean, xerr=p["speedup_half"], yerr=p["metric"].half_width,
+                      fmt="none", ecolor="gray", capsize=2, zorder=1)  # fmt: skip
+        axes.scatter(p["speedup"], p["metric"].mean, s=40 + 400 * p["memory"] / biggest, alpha=0.6,
+                     edgecolors="black", zorder=2)  # fmt: skip
+        axes.annotate(s["mechanism"], (p["speedup"], p["metric"].mean), textcoords="offset points", xytext=(6, 4),
+                      fontsize=8)  # fmt: skip
+    ordered = sorted(front, key=lambda p: p["speedup"])
+    axes.plot([p["speedup"] for p in ordered], [p["metric"].mean for p in ordered], "r--", lw=1, label="Pareto front")
+    axes.axvline(1.0, color="black", lw=0.5)
+    axes.set_xlabel("speedup over full attention in training (tokens/s ratio)")
+    axes.set_ylabel(f"{metric} (mean ± 95% interval over seeds)")
+    axes.set_title(f"{title}: {metric} vs speed; marker area = memory added by training", fontsize=10)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def _interval(interval: Any) -> str:
+    return f"{interval.mean:.3f}" + (f" ± {interval.half_width:.3f}" if interval.n > 1 else "")
+
+
+def _change(change: tuple[float, float] | None) -> str:
+    if change is None:
+        return "-"
+    diff, half = change
+    return f"{diff:+.3f}" + (f" ± {half:.3f}" if half else "")
+
+
+def _parse(value: str) -> Any:
+    if value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="zoo report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compare", required=True, type=Path, help="a zoo compare experiment folder")
+    parser.add_argument("--bench", required=True, type=Path, help="a zoo bench --out folder")
+    parser.add_argument("--mode", default="fwd+bwd", choices=["fwd", "fwd+bwd"], help="bench mode (training: fwd+bwd)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--level", default="core", choices=["core", "mha", "layer", "encoder"])
+    args = parser.parse_args(argv)
+    try:
+        path = write_report(args.compare, args.bench, mode=args.mode, dtype=args.dtype, level=args.level)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"wrote {path} and {path.parent / 'pareto.png'}")
+    return 0

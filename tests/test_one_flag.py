@@ -1,0 +1,53 @@
+"""One flag is enough: ``zoo fit -c <config> --model.attention NAME`` builds and trains, with no attention
+option, for every config in ``configs/`` and every registered mechanism (each option has a default).
+
+Each config is parsed once by the real CLI parser at its own sizes (the real ``max_seq_len``, vocabulary and
+model), then every mechanism is built from that config with only ``attention`` changed and takes one
+training step (forward, backward, optimizer) on a batch of one sequence of the config's full length.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import attention_zoo as az
+from tasks.cli import build
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "compare.yaml")
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "reviews.csv"
+    path.write_text("text,label\n" + "\n".join(f"review number {i},{'pos' if i % 2 else 'neg'}" for i in range(20)))
+    return path
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_mechanism_trains_from_every_config_with_the_attention_flag_alone(config, text_file, monkeypatch, tmp_path):
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    extra = ["--data.data_dir", "null", "--data.train_file", str(text_file)] if config.stem == "text" else []
+    task, data = build(["-c", str(config), *extra])
+    settings = {k: v for k, v in task.hparams.items() if not k.startswith("_")}
+    n, vocab = data.max_seq_len, data.vocab_size
+    torch.manual_seed(0)
+    tokens = torch.randint(1, vocab, (1, n))
+    mask = torch.ones(1, n, dtype=torch.bool)
+    labels = torch.randint(0, data.num_classes, (1, n) if data.target == "token" else (1,))
+    failures = []
+    for name in az.list_attentions():
+        if not az.get_attention_class(name).supports_mask:
+            continue
+        try:
+            model = type(task)(**(settings | {"attention": name, "attention_options": {}}))
+            loss = model.loss(model(tokens, mask), labels)
+            loss.backward()
+            assert torch.isfinite(loss), f"loss {loss}"
+            assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+        except Exception as error:  # noqa: BLE001 (collect every mechanism's failure, then report them all)
+            failures.append(f"{name}: {type(error).__name__}: {error}")
+    assert not failures, f"{config.name} at n={n}:\n" + "\n".join(failures)
