@@ -28,7 +28,7 @@ def text_file(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_every_mechanism_trains_from_every_config_with_the_attention_flag_alone(config, text_file, monkeypatch, tmp_path):
+def test_every_mechanism_trains_with_the_attention_flag_alone(config, text_file, monkeypatch, tmp_path):
     monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
     extra = ["--data.data_dir", "null", "--data.train_file", str(text_file)] if config.stem == "text" else []
     task, data = build(["-c", str(config), *extra])
