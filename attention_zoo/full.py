@@ -21,6 +21,11 @@ Backends (option ``backend``):
 Every backend returns zeros, never NaN, for a query that may see no key (all keys padded, or causal
 with Nq > Nk). Causal attention with Nq != Nk is aligned to the end (query i sees keys
 j <= i + Nk - Nq), as in decoding with a key/value cache.
+
+Decoding cache (:meth:`FullAttention.decode`): the keys and values of every position so far, L per
+sequence and head after L positions (:class:`attention_zoo.decoding_cache.KeyValueState`, buffers grown
+by doubling, so at most 2 L + T slots are allocated). A step of T new queries runs the configured backend
+on the T x L' block (L' = L + T), aligned to the end, so every backend decodes exactly as it attends.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import AttentionCore, BuildContext, DecodingState
+from attention_zoo.decoding_cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys
 from attention_zoo.registry import register_attention
 
@@ -47,6 +53,7 @@ def xformers_available() -> bool:
 @register_attention("full")
 class FullAttention(AttentionCore):
     exact: ClassVar[bool] = True
+    has_decoding_cache: ClassVar[bool] = True
     example_configs = ({"backend": "math"}, {"backend": "sdpa"})
 
     def __init__(
@@ -93,6 +100,17 @@ class FullAttention(AttentionCore):
         else:
             out = _xformers_attention(q, k, v, allowed, causal, self.dropout if self.training else 0.0, self.scale)
         return out if has_key is None else out * has_key
+
+    def start_decoding(self) -> KeyValueState:
+        self.check_decodable()
+        return KeyValueState()
+
+    def decode_attend(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None) -> Tensor:
+        assert isinstance(state, KeyValueState)
+        state.in_place = state.in_place and not builds_graph(q, k, v)
+        state.append(k, v, mask)
+        keys, values, real = state.cached()
+        return self.attend(q, keys, values, mask=None if state.all_real else real, causal=True)
 
     def attention_probs(self, q: Tensor, k: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """The context mapping matrix P = softmax(Q K^T / sqrt(d)), ``(B, H, Nq, Nk)``."""

@@ -25,19 +25,40 @@ a(x_i, S_i) = softmax((W_q x_i) K_{S_i}^T / sqrt(d)) V_{S_i}. The patterns, with
   {j : j < g} union {all j if i < g}: the first g positions attend everywhere and are attended by all.
 - bigbird, ``block_size`` = b, ``window_blocks`` = w_b, ``global_tokens`` = g, ``random_blocks`` = r
   (Zaheer et al. 2020, arXiv:2007.14062, §2 eq. (1), block form in App. D): on block indices
-  I = floor(i/b), J = floor(j/b): |I - J| <= w_b // 2, union global tokens as in longformer (BigBird-ITC),
-  union r random key blocks per query block (see :func:`bigbird_random_blocks`).
+  I = floor(i/b), J = floor(j/b): |I - J| <= w_b // 2, union global tokens (BigBird-ITC: positions that
+  attend everywhere and are attended by all), union r random key blocks per query block (see
+  :func:`bigbird_random_blocks`). Where the g global tokens sit (``global_placement``):
+
+  - ``"ends"``, the authors' ITC: the first g/2 and the last g/2 positions of the sequence padded to whole
+    blocks (num_blocks * b). With g = 2 b (the default; ITC's "g = 2" counted in blocks) these are the
+    first and the last block, as in the authors' code (google-research/bigbird, ``bigbird/core/
+    attention.py``: ``full_bigbird_mask`` sets rows and columns ``[:b]`` and ``[-b:]``;
+    ``bigbird_block_sparse_attention`` gives the first and last query blocks every key) and its Hugging
+    Face port (``BigBirdBlockSparseAttention``, which pads the input to whole blocks, so a partial last
+    block is global). Random blocks are drawn from the middle blocks only (neither global block).
+  - ``"start"``: the first g positions (two leading blocks for g = 2 b), as in longformer.
+
+  Causal BigBird keeps only what a prefix can know: with ``"ends"`` the global tokens are the first g/2
+  positions alone. A trailing global block would be rows that see every earlier key at positions that
+  depend on the total length, so a causal output would change when the sequence grows (the prefix
+  property) and a decoder, which does not know the final length, could not compute it.
+
+Decoding (:func:`still_reachable`): a causal pattern's cache needs only the keys that some later query may
+still attend; each pattern states which.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 #: (b, h, q_idx, kv_idx) -> bool, True = attend; arguments are broadcastable integer tensors
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+#: where BigBird's global tokens sit: the authors' first and last block, or all at the start
+GlobalPlacement = Literal["ends", "start"]
 
 
 def causal_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -106,27 +127,54 @@ def generate_longformer(window: int, global_tokens: int) -> MaskMod:
 
 
 def bigbird_random_blocks(
-    num_blocks: int, *, window_blocks: int, global_blocks: int, random_blocks: int, seed: int, causal: bool
+    num_blocks: int,
+    *,
+    window_blocks: int,
+    global_blocks: int,
+    random_blocks: int,
+    seed: int,
+    causal: bool,
+    trailing_global_blocks: int = 0,
 ) -> Tensor:
     """``(num_blocks, random_blocks)`` long: the random key blocks of each query block, -1 where fewer exist.
 
-    Drawn without replacement among the blocks the query block does not already see (outside its window
-    and not entirely global), and, when ``causal``, only among earlier blocks. Rows draw in order from one
-    generator seeded with ``seed`` (torch's CPU generator reads its low 32 bits), each consuming one number
-    per candidate, so the table depends on (seed, number of blocks, causal) only, never on the batch,
-    dtype or device; with ``causal`` a row's candidates depend on its index alone, so a prefix of a longer
-    sequence gets the same random blocks.
+    Drawn uniformly without replacement among the blocks the query block does not already see: outside its
+    window, not one of the first ``global_blocks`` nor the last ``trailing_global_blocks`` (blocks entirely
+    global; the authors draw from the middle blocks), and, when ``causal``, only earlier blocks. Rows draw
+    in order from one generator seeded with ``seed`` (torch's CPU generator reads its low 32 bits), each
+    consuming one number per candidate, so the table depends on (seed, number of blocks, causal) only,
+    never on the batch, dtype or device; with ``causal`` a row's candidates depend on its index alone, so a
+    prefix of a longer sequence gets the same random blocks.
+
+    The authors' code (``bigbird_block_rand_mask``, ``bigbird_block_rand_mask_with_head``) draws a
+    different table per head, and has length-specific quirks that are not reproduced here: for the lengths
+    of the paper (1024, 3072, 4096) random blocks come from the first 1024 positions only and the last two
+    middle rows may draw window blocks (their own comment: "Missing -3"); elsewhere the second block and
+    the second-to-last block never draw each other. Here one table serves every head. Recent versions of
+    the Hugging Face port draw no random blocks in eval mode (every row points at block 0, a global block);
+    here the seeded table is the same in training and evaluation.
     """
     table = torch.full((num_blocks, random_blocks), -1, dtype=torch.long)
     half = window_blocks // 2
     generator = torch.Generator().manual_seed(seed)
     for row in range(num_blocks):
         candidates = torch.arange(max(0, row - half) if causal else num_blocks)
-        candidates = candidates[((candidates - row).abs() > half) & (candidates >= global_blocks)]
+        middle = (candidates >= global_blocks) & (candidates < num_blocks - trailing_global_blocks)
+        candidates = candidates[((candidates - row).abs() > half) & middle]
         order = torch.rand(len(candidates), generator=generator, dtype=torch.float64).argsort()
         chosen = candidates[order[:random_blocks]]
         table[row, : len(chosen)] = chosen.sort().values
     return table
+
+
+def bigbird_global_spans(
+    global_tokens: int, placement: GlobalPlacement, block_size: int, seq_len: int, causal: bool
+) -> tuple[int, int]:
+    """(lead, trail_start): positions < lead and >= trail_start are global (see the module docstring)."""
+    padded = -(-seq_len // block_size) * block_size
+    if placement == "start":
+        return global_tokens, padded
+    return global_tokens // 2, padded if causal else padded - global_tokens // 2
 
 
 def generate_bigbird(
@@ -135,34 +183,79 @@ def generate_bigbird(
     global_tokens: int,
     random_blocks: int,
     seed: int,
+    global_placement: GlobalPlacement,
     *,
     seq_len: int,
     causal: bool,
 ) -> MaskMod:
     """Zaheer et al. BigBird-ITC on blocks of ``block_size``: window blocks + global tokens + random blocks.
 
-    The random blocks are a function of ``seq_len`` and ``causal`` (see :func:`bigbird_random_blocks`), so
-    the mask function is made per sequence length.
+    The random blocks and the trailing global block of ``"ends"`` are functions of ``seq_len`` and
+    ``causal`` (see :func:`bigbird_random_blocks`), so the mask function is made per sequence length.
     """
     num_blocks = -(-seq_len // block_size)
+    lead, trail_start = bigbird_global_spans(global_tokens, global_placement, block_size, seq_len, causal)
     table = bigbird_random_blocks(
         num_blocks,
         window_blocks=window_blocks,
-        global_blocks=global_tokens // block_size,
+        global_blocks=lead // block_size,
         random_blocks=random_blocks,
         seed=seed,
         causal=causal,
+        trailing_global_blocks=(num_blocks * block_size - trail_start) // block_size,
     )
     half = window_blocks // 2
 
     def bigbird(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         q_block, kv_block = q_idx // block_size, kv_idx // block_size
         window = (q_block - kv_block).abs() <= half
-        is_global = (q_idx < global_tokens) | (kv_idx < global_tokens)
+        is_global = (q_idx < lead) | (kv_idx < lead) | (q_idx >= trail_start) | (kv_idx >= trail_start)
         random = (table.to(q_idx.device)[q_block] == kv_block.unsqueeze(-1)).any(dim=-1)
         return window | is_global | random
 
     return bigbird
+
+
+def still_reachable(pattern: str, options: dict, positions: Tensor, n: int) -> Tensor:
+    """Which keys at ``positions`` (all < n) a causal query at a position >= n may still attend: the keys
+    a decoding cache must keep after n positions. ``pattern`` is ``"window"`` (options ``window``) or a
+    pattern of ``"sparse"`` with its options. A key dropped here is never needed again; the rules, and
+    what a cache keeps at length n per sequence and head:
+
+    - window w: j >= n - w/2: at most w/2 keys.
+    - strided l: every key. Query i sees the earlier keys with (i - j) mod l = 0, and later queries cover
+      every residue mod l, so no key ever becomes unreachable: n keys (attention per step still touches
+      only about l + n / l of them).
+    - fixed l, c: the current block (j >= floor(n / l) l) and the summary columns (j mod l >= l - c) of
+      earlier blocks: (n mod l) + c floor(n / l) keys, growing as c / l per position.
+    - blockwise b: the current block only: n mod b < b keys.
+    - longformer w, g: everything while n < g (a later global query sees all); then the g global keys
+      and j >= n - w/2: at most g + w/2 keys.
+    - bigbird: with random blocks, every key (a later query block may draw any earlier middle block);
+      with ``random_blocks = 0``, everything while n < lead (the leading global tokens: g, or g/2 for
+      ``"ends"``), then the lead keys and the window blocks J >= floor(n / b) - w_b // 2: at most
+      lead + (w_b // 2 + 1) b keys.
+    """
+    everything = torch.ones_like(positions, dtype=torch.bool)
+    if pattern == "window":
+        return positions >= n - options["window"] // 2
+    if pattern == "strided":
+        return everything
+    if pattern == "fixed":
+        stride = options["stride"]
+        return (positions >= n // stride * stride) | (positions % stride >= stride - options["summary_columns"])
+    if pattern == "blockwise":
+        return positions >= n // options["block_size"] * options["block_size"]
+    if pattern == "longformer":
+        lead = options["global_tokens"]
+        return everything if n < lead else (positions < lead) | (positions >= n - options["window"] // 2)
+    if pattern == "bigbird":
+        b = options["block_size"]
+        lead, _ = bigbird_global_spans(options["global_tokens"], options["global_placement"], b, n, causal=True)
+        if options["random_blocks"] > 0 or n < lead:
+            return everything
+        return (positions < lead) | (positions // b >= n // b - options["window_blocks"] // 2)
+    raise ValueError(f"unknown pattern {pattern!r}; known: window, strided, fixed, blockwise, longformer, bigbird")
 
 
 def dense_mask(mask_mod: MaskMod, n: int, device: torch.device | str | None = None) -> Tensor:

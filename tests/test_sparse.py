@@ -39,6 +39,8 @@ CONFIGS = [
     ("sparse", {"pattern": "bigbird", "block_size": 4, "global_tokens": 4, "random_blocks": 1}),
     ("longformer", {"window": 6, "global_tokens": 3}),
     ("bigbird", {"block_size": 5, "window_blocks": 1, "global_tokens": 2, "random_blocks": 2, "seed": 7}),
+    ("bigbird", {"block_size": 3, "random_blocks": 1, "seed": 2}),
+    ("bigbird", {"block_size": 3, "global_tokens": 3, "random_blocks": 2, "global_placement": "start"}),
 ]
 IDS = [f"{name}-{'-'.join(map(str, options.values()))}" for name, options in CONFIGS]
 
@@ -48,15 +50,21 @@ def reference_allowed(name: str, options: dict, n: int, causal: bool) -> Tensor:
     o = {"pattern": name, **options}
     kind = o["pattern"]
     if kind == "bigbird":
-        o = {"window_blocks": 3, "random_blocks": 3, "seed": 0, **o}
+        o = {"window_blocks": 3, "random_blocks": 3, "seed": 0, "global_placement": "ends", **o}
         b, wb = o["block_size"], o["window_blocks"]
+        g = o.get("global_tokens", 2 * b)
+        # the authors' ITC: the first and last g/2 of the sequence padded to whole blocks; causal: the first
+        lead = g if o["global_placement"] == "start" else g // 2
+        trail = 0 if o["global_placement"] == "start" or causal else g // 2
+        trail_start = -(-n // b) * b - trail
         table = bigbird_random_blocks(
             -(-n // b),
             window_blocks=wb,
-            global_blocks=o["global_tokens"] // b,
+            global_blocks=lead // b,
             random_blocks=o["random_blocks"],
             seed=o["seed"],
             causal=causal,
+            trailing_global_blocks=trail // b,
         ).tolist()
     allowed = torch.zeros(n, n, dtype=torch.bool)
     for i in range(n):
@@ -72,7 +80,7 @@ def reference_allowed(name: str, options: dict, n: int, causal: bool) -> Tensor:
             elif kind == "longformer":
                 ok = abs(i - j) <= o["window"] // 2 or i < o["global_tokens"] or j < o["global_tokens"]
             else:
-                ok = abs(i // b - j // b) <= wb // 2 or i < o["global_tokens"] or j < o["global_tokens"]
+                ok = abs(i // b - j // b) <= wb // 2 or min(i, j) < lead or max(i, j) >= trail_start
                 ok = ok or j // b in table[i // b]
             allowed[i, j] = ok and (j <= i or not causal)
     return allowed
@@ -159,15 +167,87 @@ def test_bigbird_random_blocks_avoid_seen_blocks_and_the_future():
     options = dict(window_blocks=3, global_blocks=1, random_blocks=3, seed=0)
     table = bigbird_random_blocks(16, **options, causal=False)
     causal = bigbird_random_blocks(16, **options, causal=True)
+    ends = bigbird_random_blocks(16, **options, causal=False, trailing_global_blocks=1)
     for row in range(16):
-        for drawn, earliest_excluded in ((table[row], 16), (causal[row], row - 1)):
+        for drawn, earliest_excluded in ((table[row], 16), (causal[row], row - 1), (ends[row], 15)):
             real = drawn[drawn >= 0]
             assert len(set(real.tolist())) == len(real), "drawn without replacement"
             assert ((real - row).abs() > 1).all() and (real >= 1).all(), "outside the window and the global block"
             assert (real < earliest_excluded).all()
     assert (table >= 0).sum() == 16 * 3, "every query block has 3 blocks to draw from when not causal"
+    assert (ends >= 0).sum() == 16 * 3 and (ends < 15).all(), "the trailing global block is never drawn"
     # causal rows depend on the query block only: a shorter sequence's table is a prefix
     torch.testing.assert_close(bigbird_random_blocks(9, **options, causal=True), causal[:9], rtol=0, atol=0)
+
+
+def block_rows(rows: list[str], block_size: int, n: int) -> Tensor:
+    """A block-level pattern written as strings of 0/1 (one per query block), expanded to (n, n) tokens."""
+    blocks = torch.tensor([[int(c) for c in row] for row in rows], dtype=torch.bool)
+    return blocks.repeat_interleave(block_size, 0).repeat_interleave(block_size, 1)[:n, :n]
+
+
+@pytest.mark.parametrize("n", [12, 11])
+def test_bigbird_global_blocks_are_the_first_and_the_last(n):
+    """The authors' ITC (google-research/bigbird ``full_bigbird_mask``: rows and columns [:b] and [-b:]
+    global, window of 3 blocks; Hugging Face pads to whole blocks, so a partial last block is global),
+    written out for 6 blocks of 2 tokens with g = 2 blocks and no random blocks."""
+    itc = ["111111", "111001", "111101", "101111", "100111", "111111"]
+    core = make("bigbird", {"block_size": 2, "random_blocks": 0})
+    assert core.options["global_tokens"] == 4 and core.options["global_placement"] == "ends"
+    assert torch.equal(dense_mask(core.mask_mod(n, False), n), block_rows(itc, 2, n))
+    # causal: only the leading block is global (a trailing one would depend on the final length)
+    leading_only = ["111111", "111000", "111100", "101110", "100111", "100011"]
+    causal = block_rows(leading_only, 2, n) & torch.ones(n, n, dtype=torch.bool).tril()
+    assert torch.equal(dense_mask(core.mask_mod(n, True), n), causal)
+    # the previous placement, kept as an option: both global blocks at the start
+    start = make("bigbird", {"block_size": 2, "random_blocks": 0, "global_placement": "start"})
+    leading = ["111111", "111111", "111100", "111110", "110111", "110011"]
+    assert torch.equal(dense_mask(start.mask_mod(n, False), n), block_rows(leading, 2, n))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bigbird_random_blocks_come_from_the_middle_blocks(causal):
+    """What the pattern adds to the window and the global blocks is, for each middle query block, exactly
+    r distinct whole key blocks, never global, outside the window (and earlier when causal)."""
+    b, num_blocks, r = 3, 12, 2
+    n = b * num_blocks
+    core = make("bigbird", {"block_size": b, "random_blocks": r, "seed": 5})
+    blocks = dense_mask(core.mask_mod(n, causal), n)[::b, ::b]  # one token per block: whole blocks
+    last = num_blocks - 1 if not causal else num_blocks
+    for row in range(1, last):
+        extra = [col for col in range(num_blocks) if blocks[row, col] and abs(col - row) > 1 and 0 < col < last]
+        candidates = [col for col in range(1, last) if abs(col - row) > 1 and (col < row or not causal)]
+        assert len(extra) == min(r, len(candidates)), f"query block {row}"
+        for col in range(num_blocks):
+            expected = abs(col - row) <= 1 or col in (0, last) or col in extra
+            assert blocks[row, col] == (expected and (col <= row or not causal)), f"query block {row}, key {col}"
+
+
+def test_bigbird_random_blocks_are_uniform_over_the_middle_blocks():
+    """Each query block draws r blocks uniformly without replacement from its candidates (the authors'
+    ``np.random.permutation(candidates)[:r]``): over 300 seeds every candidate comes up about r / |C| of
+    the time (binomial standard deviation 0.02 here; the bound is 4 of them)."""
+    num_blocks, r, seeds = 9, 2, 300
+    counts = torch.zeros(num_blocks, num_blocks)
+    for seed in range(seeds):
+        table = bigbird_random_blocks(
+            num_blocks,
+            window_blocks=3,
+            global_blocks=1,
+            random_blocks=r,
+            seed=seed,
+            causal=False,
+            trailing_global_blocks=1,
+        )
+        for row in range(num_blocks):
+            counts[row, table[row]] += 1
+    for row in range(1, num_blocks - 1):
+        candidates = [col for col in range(1, num_blocks - 1) if abs(col - row) > 1]
+        frequency = counts[row] / seeds
+        assert frequency[[c for c in range(num_blocks) if c not in candidates]].sum() == 0
+        torch.testing.assert_close(
+            frequency[candidates], torch.full((len(candidates),), r / len(candidates)), rtol=0, atol=0.08
+        )
 
 
 def test_aliases_equal_sparse_with_their_pattern():
@@ -186,11 +266,13 @@ def test_aliases_equal_sparse_with_their_pattern():
     [
         ({"pattern": "strided", "stride": 4, "block_size": 8}, "does not use block_size"),
         ({"pattern": "blockwise", "block_size": 4, "seed": 1}, "does not use seed"),
-        ({"pattern": "fixed", "stride": 4}, "needs summary_columns"),
+        ({"pattern": "fixed", "stride": 4}, "summary_columns must be <= stride, got 8 > 4"),
         ({"pattern": "fixed", "stride": 4, "summary_columns": 5}, "summary_columns must be <= stride"),
         ({"pattern": "longformer", "window": 7}, "window must be an even int"),
         ({"pattern": "bigbird", "window_blocks": 2}, "window_blocks must be odd"),
         ({"pattern": "bigbird", "random_blocks": -1}, "random_blocks must be >= 0"),
+        ({"pattern": "bigbird", "global_tokens": 3}, "global_tokens must be even"),
+        ({"pattern": "strided", "stride": 4, "global_placement": "start"}, "does not use global_placement"),
     ],
 )
 def test_invalid_options_raise(options, message):
