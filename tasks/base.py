@@ -112,6 +112,10 @@ class EncoderTask(pl.LightningModule):
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         raise NotImplementedError
 
+    def loss_terms(self, labels: Tensor) -> int:
+        """How many terms :meth:`loss` averages over for these labels: one per sequence here."""
+        return labels.shape[0]
+
     def update_metrics(self, stage: Stage, logits: Tensor, labels: Tensor) -> dict[str, Any]:
         """Update the stage's torchmetrics with one batch; return them keyed by their logged tag."""
         raise NotImplementedError
@@ -122,7 +126,11 @@ class EncoderTask(pl.LightningModule):
         is_train = stage == "train"
         batch_size = batch["tokens"].shape[0]
         logged = dict(on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
-        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=not is_train, **logged)
+        # an epoch value is Lightning's batch_size-weighted mean of the batch values; weighting each batch loss
+        # by its number of terms makes val/loss the mean over all sequences (or scored tokens), so that for
+        # token tasks exp(val/loss) = val/ppl. Training logs steps only, where the weight is unused.
+        loss_weight = {"batch_size": batch_size if is_train else self.loss_terms(batch["labels"])}
+        self.log(f"{stage}/loss", loss, prog_bar=True, sync_dist=not is_train, **(logged | loss_weight))
         metrics = self.update_metrics(stage, logits.detach(), batch["labels"])
         self.log_dict(metrics, prog_bar=not is_train, **logged)
         return loss

@@ -3,7 +3,9 @@ BERT-style masking done by the data module) and multi-query associative recall.
 
 Labels are (B, N) with -100 at every position that is not scored (unmasked MLM tokens, recall keys);
 the loss is the mean cross-entropy over scored positions and perplexity is exp of that mean, accumulated
-over all scored tokens of a stage (torchmetrics ``Perplexity``).
+over all scored tokens of a stage (torchmetrics ``Perplexity``). The epoch's ``val/loss`` and
+``test/loss`` weight each batch by its scored tokens, so they are the mean over all scored tokens of the
+stage and ``exp(val/loss) = val/ppl`` however unevenly the labels fall into batches.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class TokenPrediction(EncoderTask):
         return F.cross_entropy(
             rearrange(logits, "b n c -> (b n) c"), rearrange(labels, "b n -> (b n)"), ignore_index=IGNORE_INDEX
         )
+
+    def loss_terms(self, labels: Tensor) -> int:
+        return int((labels != IGNORE_INDEX).sum())
 
     def update_metrics(self, stage: Stage, logits: Tensor, labels: Tensor) -> dict[str, Any]:
         accuracy, perplexity = self.accuracy[f"{stage}_acc"], self.perplexity[f"{stage}_ppl"]

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
+import pytest
+import torch
+
+import attention_zoo as az
 from experiments import cli, listing
 
 
@@ -11,7 +16,7 @@ def test_zoo_list_shows_every_mechanism_with_options(capsys):
     text = capsys.readouterr().out
     assert "full" in text and "backend" in text
     assert "k: int | list[int]" in text  # option types are shown verbatim, not eaten as rich markup
-    assert {row["name"] for row in listing.rows()} == set(__import__("attention_zoo").list_attentions())
+    assert {row["name"] for row in listing.rows()} == set(az.list_attentions())
 
 
 def test_unknown_command_is_an_error(capsys):
@@ -19,10 +24,50 @@ def test_unknown_command_is_an_error(capsys):
     assert "unknown command 'lsit'" in capsys.readouterr().err
 
 
-def test_demo_runs_every_mechanism(capsys):
-    assert cli.main(["demo", "--seq-len", "64", "--repeats", "1"]) == 0
+def softmax_attention_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Vaswani et al. 2017, eq. 1: softmax(Q K^T / sqrt(d)) V, in float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def demo_error(name: str, options: dict, n: int, heads: int, dim_head: int) -> float:
+    """The demo's stated measurement redone here: its fixed input (generator seed 0: q, k, v; global seed 0
+    before the core is built; k = q for shared-QK cores), one forward, relative Frobenius error against
+    float64 softmax attention."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, dim_head, generator=generator) for _ in range(3))
+    torch.manual_seed(0)
+    core = az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=n, **options).eval()
+    k = q if core.needs_shared_qk else k
+    with torch.inference_mode():
+        out = core(q, k, v).double()
+    reference = softmax_attention_float64(q, k, v)
+    return (torch.linalg.vector_norm(out - reference) / torch.linalg.vector_norm(reference)).item()
+
+
+def test_demo_prints_each_mechanisms_distance_from_softmax_attention(capsys):
+    n, heads, dim_head = 64, 2, 16
+    argv = ["demo", "--seq-len", str(n), "--heads", str(heads), "--dim-head", str(dim_head), "--repeats", "1"]
+    assert cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert "full" in text and "skipped" not in text
+    assert "skipped" not in text
+    # data rows: "│ name │ options │ ms │ error │"
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    expected = [
+        (name, options) for name in az.list_attentions() for options in az.get_attention_class(name).example_configs
+    ]
+    assert [(name, options) for name, options, _, _ in rows] == [(name, str(options)) for name, options in expected]
+    default_backend = az.create_attention("full", dim_head=dim_head, heads=heads).backend
+    same_as_reference = []
+    for (name, options), (_, _, _, printed) in zip(expected, rows, strict=True):
+        error = demo_error(name, options, n, heads, dim_head)
+        # printed with 3 significant digits against a float32 reference: round-off of 1e-6 at most
+        assert float(printed) == pytest.approx(error, rel=5e-3, abs=1e-6), (name, options, printed, error)
+        if name == "full":
+            assert error < 1e-6
+            if az.create_attention("full", dim_head=dim_head, heads=heads, **options).backend == default_backend:
+                same_as_reference.append(printed)
+    assert same_as_reference and set(same_as_reference) == {"0"}  # the reference's own computation: exactly 0
 
 
 def test_console_script_is_installed():

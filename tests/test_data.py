@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tasks.data import base
-from tasks.data.base import IGNORE_INDEX, default_cache_dir, load_or_build
-from tasks.data.listops import VOCAB, ListOpsDataModule, to_string
+from tasks.data.base import IGNORE_INDEX, default_cache_dir, derive_seed, load_or_build
+from tasks.data.listops import OPERATORS, VOCAB, ListOpsDataModule, generate_listops, to_string
 from tasks.data.mlm import MaskedLMDataModule, split_stream
 from tasks.data.recall import AssociativeRecallDataModule
 from tasks.data.text import TextClassificationDataModule
@@ -144,9 +144,37 @@ def test_listops_is_deterministic_unique_and_splits_are_disjoint(tmp_path):
     again = {s: split_items(listops(tmp_path / "b"), s) for s in ("train", "val", "test")}
     other = split_items(listops(tmp_path / "c", seed=1), "train")
     assert first == again and first["train"] != other
-    expressions = {s: {tuple(t) for t, _ in items} for s, items in first.items()}
-    assert len(expressions["train"]) == len(first["train"])  # unique within a split, as LRA's set
-    assert not expressions["train"] & expressions["val"] and not expressions["train"] & expressions["test"]
+    every = [tuple(tokens) for items in first.values() for tokens, _ in items]
+    assert len(set(every)) == len(every) == 380  # unique over all splits, as LRA's one set of trees
+
+
+def test_listops_splits_share_no_expression_where_independent_draws_collide(tmp_path):
+    # max_depth=2, max_args=2, lengths 1..4: the grammar allows exactly the 10 digits and the 4 * 10 * 10
+    # expressions [OP a b ]; LRA keeps one set of distinct trees and slices it, so splits cannot overlap
+    space = {(VOCAB.index(str(d)),) for d in range(10)}
+    space |= {(VOCAB.index(op), VOCAB.index(str(a)), VOCAB.index(str(b)), VOCAB.index("]")) for op in OPERATORS
+              for a in range(10) for b in range(10)}  # fmt: skip
+    assert len(space) == 410
+    settings = dict(min_length=0, max_length=5, max_depth=2, max_args=2)
+    sizes = {"train": 200, "val": 100, "test": 100}
+    # the old scheme, one independent stream per split: a root is a digit with probability 3/4, so each
+    # split holds nearly all 10 digits and the splits must share expressions
+    independent = {
+        split: {tuple(e) for e in generate_listops(size, **settings, seed=derive_seed(0, "listops", split))[0]}
+        for split, size in sizes.items()
+    }
+    assert len(independent["train"] & independent["val"]) >= 10 and len(independent["val"] & independent["test"]) >= 10
+    dm = listops(tmp_path, **settings, train_size=200, val_size=100, test_size=100)
+    splits = {split: [tuple(tokens) for tokens, _ in split_items(dm, split)] for split in sizes}
+    assert {split: len(set(expressions)) for split, expressions in splits.items()} == sizes
+    train, val, test = (set(splits[s]) for s in ("train", "val", "test"))
+    assert not train & val and not train & test and not val & test
+    assert train | val | test <= space
+    # splits are slices of a shuffled pool, not of the draw order (where the 10 frequent digits come first)
+    assert any(len(expression) == 1 for expression in val | test)
+    for split in sizes:
+        for tokens, label in split_items(dm, split):
+            assert evaluate_listops([VOCAB[t] for t in tokens], max_depth=2, max_args=2) == label
 
 
 def test_listops_class_balance_is_not_degenerate(tmp_path):
@@ -270,15 +298,26 @@ def test_recall_lookup_solver_scores_100_percent(tmp_path):
     assert total == 20 * dm.num_kv_pairs and correct == total
 
 
-def test_recall_gaps_follow_the_power_law(tmp_path):
-    def mean_query_offset(power_a: float) -> float:
-        dm = recall(tmp_path / str(power_a), seq_len=256, num_kv_pairs=4, power_a=power_a)
-        offsets = [p - 8 for _, labels in split_items(dm, "train") for p, lab in enumerate(labels) if lab >= 0]
-        return sum(offsets) / len(offsets)
-
-    uniform, power_law = mean_query_offset(1.0), mean_query_offset(0.01)
-    assert 110 < uniform < 140  # uniform over even offsets 0..246: mean 123
-    assert power_law < 0.75 * uniform  # short gaps favoured
+@pytest.mark.parametrize("power_a", [0.01, 1.0])
+def test_recall_gaps_follow_the_power_law(tmp_path, power_a):
+    # Zoology: gaps g in {0, ..., (seq_len - 2 D) / 2 - 1} with p(g) proportional to a (g + 1)^(a - 1); one
+    # key per sequence (D = 1), so each sequence carries one gap drawn from p itself (with D > 1 the gaps are
+    # drawn without replacement and their marginal is no longer p)
+    seq_len, samples = 256, 4000
+    dm = recall(tmp_path, seq_len=seq_len, num_kv_pairs=1, power_a=power_a, train_size=samples)
+    gaps = torch.tensor(
+        [(p - 2) // 2 for _, labels in split_items(dm, "train") for p, label in enumerate(labels) if label >= 0],
+        dtype=torch.float64,
+    )
+    support = torch.arange((seq_len - 2) // 2, dtype=torch.float64)
+    weights = power_a * (support + 1) ** (power_a - 1)
+    p = weights / weights.sum()
+    mean = float((support * p).sum())
+    std = float(((support - mean) ** 2 * p).sum().sqrt())
+    assert len(gaps) == samples
+    assert abs(float(gaps.mean()) - mean) < 4 * std / samples**0.5, (float(gaps.mean()), mean)
+    share_zero = float((gaps == 0).double().mean())  # the most likely gap: a binomial share
+    assert abs(share_zero - float(p[0])) < 4 * float(p[0] * (1 - p[0])) ** 0.5 / samples**0.5
 
 
 def test_recall_is_deterministic_and_seeded(tmp_path):
@@ -466,6 +505,33 @@ def test_mlm_masking_proportions_follow_bert(tmp_path):
     assert abs(randomized / selected - 0.1) < 0.01 and abs(kept / selected - 0.1) < 0.01
 
 
+def test_mlm_fixed_count_selects_as_many_tokens_as_original_bert(tmp_path):
+    # google-research/bert create_masked_lm_predictions: num_to_predict = max(1, int(round(len(tokens) * p)))
+    # positions, shuffled candidates taken without replacement; chunks of 37 bytes and a short last chunk
+    # put n * p on both sides of .5
+    for mask_prob in (0.15, 0.5):
+        dm = mlm(tmp_path, max_bytes=4_000, max_seq_len=37, mask_prob=mask_prob, selection="fixed_count")
+        dm.setup("fit")
+        dataset, data = dm.train_dataloader().dataset, dm.load_split("train")
+        lengths = set()
+        for epoch in (0, 1):
+            for index in range(len(dataset)):
+                inputs, labels = dataset[(epoch, index)]
+                original = data.sequence(index)
+                chosen = labels != IGNORE_INDEX
+                maskable = int((original >= len(SPECIAL_TOKENS)).sum())
+                expected = min(maskable, max(1, int(round(len(original) * mask_prob))))
+                assert int(chosen.sum()) == expected, (index, len(original))
+                assert bool((labels[chosen] == original[chosen]).all())
+                assert bool((inputs[~chosen] == original[~chosen]).all())
+                lengths.add(len(original))
+        assert len(lengths) == 2  # full chunks and the shorter last one
+    per_token = mlm(tmp_path, max_bytes=4_000, max_seq_len=37)
+    per_token.setup("fit")
+    counts = {int((per_token.train_dataloader().dataset[(0, i)][1] != IGNORE_INDEX).sum()) for i in range(50)}
+    assert len(counts) > 2  # the default draws a binomial count per chunk
+
+
 def test_mlm_masks_are_redrawn_per_epoch_and_fixed_for_evaluation(tmp_path):
     dm = mlm(tmp_path, max_bytes=20_000)
     dm.setup()
@@ -507,6 +573,8 @@ def test_mlm_errors_name_the_bad_value(tmp_path):
         mlm(tmp_path, corpus_dir=str(ACLIMDB), file_pattern="*.md").setup()
     with pytest.raises(ValueError, match="mask_prob must be in \\(0, 1\\], got 1.5"):
         mlm(tmp_path, mask_prob=1.5)
+    with pytest.raises(ValueError, match="selection must be one of 'per_token', 'fixed_count'; got 'fixed'"):
+        mlm(tmp_path, selection="fixed")
 
 
 def test_split_stream_is_contiguous_and_proportional():

@@ -81,6 +81,39 @@ def test_token_loss_and_perplexity_count_only_labelled_positions():
     assert metrics["val/acc"].compute().item() == pytest.approx(accuracy, abs=1e-6)
 
 
+@pytest.mark.parametrize("stage", ["val", "test"])
+def test_epoch_loss_weights_batches_by_scored_tokens_so_its_exp_is_the_perplexity(tmp_path, stage):
+    torch.manual_seed(0)
+    model = TokenPrediction(num_classes=11, **SIZES)
+    with torch.no_grad():
+        model.head.bias[3] = 6.0  # class 3 is predicted everywhere: labels 3 cost little, the others much
+    generator = torch.Generator().manual_seed(5)
+    tokens = [torch.randint(1, 11, (4, 12), generator=generator) for _ in range(2)]
+    few = torch.full((4, 12), -100)
+    few[:, 0] = 3  # 4 scored tokens, all cheap
+    many = torch.randint(4, 11, (4, 12), generator=generator)  # 48 scored tokens, all dear
+    mask = torch.ones(4, 12, dtype=torch.bool)
+    batches = [{"tokens": t, "mask": mask, "labels": y} for t, y in zip(tokens, (few, many), strict=True)]
+    trainer = quiet_trainer(tmp_path)
+    run = trainer.validate if stage == "val" else trainer.test
+    (logged,) = run(model, DataLoader(batches, batch_size=None), verbose=False)
+    # the definition: perplexity = exp(mean negative log-likelihood over every scored token of the stage)
+    nll, batch_means = [], []
+    with torch.no_grad():
+        for batch in batches:
+            log_p = torch.log_softmax(model(batch["tokens"], batch["mask"]).double(), dim=-1)
+            scored = batch["labels"] != -100
+            token_nll = -log_p[scored].gather(-1, batch["labels"][scored][:, None]).squeeze(-1)
+            nll.append(token_nll)
+            batch_means.append(token_nll.mean())
+    expected = torch.cat(nll).mean().item()
+    assert logged[f"{stage}/loss"] == pytest.approx(expected, rel=1e-5)
+    assert math.exp(logged[f"{stage}/loss"]) == pytest.approx(logged[f"{stage}/ppl"], rel=1e-5)
+    assert logged[f"{stage}/ppl"] == pytest.approx(math.exp(expected), rel=1e-5)
+    per_sequence = torch.stack(batch_means).mean().item()  # both batches hold 4 sequences: the old weighting
+    assert abs(per_sequence - expected) > 0.2 * expected  # so the assertions above tell the two apart
+
+
 def test_classification_metrics_match_hand_computation():
     model = SequenceClassification(num_classes=3, **SIZES)
     logits = torch.tensor([[2.0, 0, 0], [0, 2.0, 0], [0, 2.0, 0], [0, 0, 2.0]])

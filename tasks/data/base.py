@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
 IGNORE_INDEX = -100
-CACHE_FORMAT = 1  # bump when the stored layout or any generator changes
+CACHE_FORMAT = 2  # bump when the stored layout or any generator changes
 log = logging.getLogger(__name__)
 
 

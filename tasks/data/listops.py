@@ -14,9 +14,17 @@ Dataset for Latent Tree Learning", arXiv:1804.06028) with LRA's settings, ported
 - Values: MIN/MAX of the arguments; SM = sum mod 10; MED = ``int(numpy.median(args))``, i.e. the
   middle element, or for an even count the floor of the mean of the two middle elements.
 - Length is the number of symbols (an operator node counts its operator and its ``]``); a tree is kept
-  when ``min_length < length < max_length`` (strict, as in LRA) and not already in the split (LRA keeps
-  a set of unique trees). LRA: ``max_depth = 10``, ``max_args = 10``, lengths 500-2000, 96k/2k/2k
-  train/val/test examples: the defaults here.
+  when ``min_length < length < max_length`` (strict, as in LRA). LRA: ``max_depth = 10``,
+  ``max_args = 10``, lengths 500-2000, 96k/2k/2k train/val/test examples: the defaults here.
+- Splits: LRA's ``main`` adds the kept trees to one Python ``set`` until it holds
+  ``train + val + test`` distinct trees, lists the set in its iteration order and slices it: the first
+  ``num_train_samples`` are train, the next ``num_valid_samples`` val, the rest test. So no expression is
+  in two splits, and the split a tree lands in follows its hash, not when it was drawn (with an unseeded
+  ``random`` and Python's per-process string hashing the script is not reproducible; the released TSVs
+  are the data). Here likewise: one stream of distinct trees from one seed, then a seeded shuffle, then
+  the same slices. The shuffle matters at short lengths, where distinct trees are in effect drawn without
+  replacement: frequent trees come early, so slicing in draw order would give train the common
+  expressions and test the rare ones.
 
 Tokens are the symbols (the LRA TSV's parentheses carry no information and are dropped): vocabulary
 ``<pad> <cls> [MIN [MAX [MED [SM ] 0 ... 9`` (17 ids). Note that LRA's own input pipeline tokenised with
@@ -25,11 +33,11 @@ expression ambiguous); here ``]`` is kept, as in the grammar above.
 
 Deviation, distribution-preserving: generation of a tree stops as soon as its length is certain to reach
 ``max_length`` (it would be rejected anyway), so the random stream differs from LRA's script but the
-accepted trees have the same distribution; this makes short CPU settings ~8x faster. Each split is drawn
-from its own seed derived from ``seed``. Measured on this machine (2 shared cores, pure Python, once;
-later runs load the cache in 0.2 s): the LRA-size set (96k/2k/2k, lengths 501-1999, mean 1036) in 220 s;
-a CPU-size set (10k/1k/1k, lengths 33-127) in 18 s. Label shares are uneven, as in LRA: 0 and 9 about
-17 % each, 7 about 7 % (so a majority-class guess scores 17 %).
+accepted trees have the same distribution; this makes short CPU settings ~8x faster. Measured on this
+machine (2 shared cores, pure Python, once, when each split still had its own stream; one pool draws as
+many trees; later runs load the cache in 0.2 s): the LRA-size set (96k/2k/2k, lengths 501-1999, mean
+1036) in 220 s; a CPU-size set (10k/1k/1k, lengths 33-127) in 18 s. Label shares are uneven, as in LRA:
+0 and 9 about 17 % each, 7 about 7 % (so a majority-class guess scores 17 %).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import random
 
 import torch
 
-from tasks.data.base import Sequences, Split, ZooDataModule, derive_seed
+from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, derive_seed
 
 VALUE_P = 0.25
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -126,6 +134,20 @@ def generate_listops(
     return expressions, values
 
 
+def partition(num_examples: int, sizes: dict[Split, int], *, seed: int) -> dict[Split, list[int]]:
+    """Indices ``0..num_examples-1`` shuffled by ``seed`` and cut into consecutive slices of ``sizes``
+    (in the order train, val, test, as LRA slices its set of trees)."""
+    if sum(sizes.values()) != num_examples:
+        raise ValueError(f"split sizes {sizes} do not add up to {num_examples} examples")
+    order = list(range(num_examples))
+    random.Random(seed).shuffle(order)
+    parts, start = {}, 0
+    for split in SPLITS:
+        parts[split] = order[start : start + sizes[split]]
+        start += sizes[split]
+    return parts
+
+
 def to_string(tokens: list[int] | torch.Tensor) -> str:
     """The expression as text, e.g. ``[MAX 4 [MIN 2 3 ] ]``; padding is dropped."""
     return " ".join(VOCAB[int(t)] for t in tokens if int(t) != PAD_ID)
@@ -134,7 +156,8 @@ def to_string(tokens: list[int] | torch.Tensor) -> str:
 class ListOpsDataModule(ZooDataModule):
     """ListOps (Long Range Arena): classify the value 0-9 of a nested MAX/MIN/MED/SM expression.
 
-    Generated deterministically from ``seed`` (each split from its own derived seed) and cached.
+    Generated deterministically from ``seed`` and cached: ``train + val + test`` distinct expressions from
+    one stream, shuffled and sliced into the splits as LRA does, so no expression is in two splits.
     ``max_seq_len = max_length``: sequences are shorter than ``max_length`` (strict, as in LRA), so a
     prepended ``<cls>`` still fits.
 
@@ -211,6 +234,7 @@ class ListOpsDataModule(ZooDataModule):
         self.num_classes = 10
         self.pad_id = PAD_ID
         self.cls_id = CLS_ID
+        self._unclaimed: dict[Split, Sequences] = {}  # generated splits not yet handed to load_split
 
     def cache_params(self) -> dict:
         return {
@@ -224,14 +248,21 @@ class ListOpsDataModule(ZooDataModule):
         }
 
     def build_split(self, split: Split) -> Sequences:
-        expressions, values = generate_listops(
-            self.sizes[split],
-            min_length=self.min_length,
-            max_length=self.max_length,
-            max_depth=self.max_depth,
-            max_args=self.max_args,
-            seed=derive_seed(self.seed, "listops", split),
-        )
-        prefix = [CLS_ID] if self.prepend_cls else []
-        sequences = [torch.tensor(prefix + expression) for expression in expressions]
-        return Sequences.from_tensors(sequences, torch.tensor(values, dtype=torch.int64))
+        # every split comes from one pool of distinct trees: building any split builds all three, and the
+        # others wait here until load_split asks for them (or finds them cached)
+        if split not in self._unclaimed:
+            total = sum(self.sizes.values())
+            expressions, values = generate_listops(
+                total,
+                min_length=self.min_length,
+                max_length=self.max_length,
+                max_depth=self.max_depth,
+                max_args=self.max_args,
+                seed=derive_seed(self.seed, "listops"),
+            )
+            prefix = [CLS_ID] if self.prepend_cls else []
+            for name, indices in partition(total, self.sizes, seed=derive_seed(self.seed, "listops", "split")).items():
+                sequences = [torch.tensor(prefix + expressions[i]) for i in indices]
+                labels = torch.tensor([values[i] for i in indices], dtype=torch.int64)
+                self._unclaimed[name] = Sequences.from_tensors(sequences, labels)
+        return self._unclaimed.pop(split)

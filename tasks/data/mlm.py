@@ -1,12 +1,27 @@
 """Masked language modelling corpus from any local text folder; default: the Python standard library.
 
 The pre-training objective of BERT (Devlin et al. 2019, arXiv:1810.04805, Sec. 3.1 "Task #1") that the
-Linformer paper (Wang et al. 2020, arXiv:2006.04768, Sec. 5.1) pre-trains with: of the real (non-special)
-tokens, each is selected with probability ``mask_prob`` (15 %); a selected token is replaced by
+Linformer paper (Wang et al. 2020, arXiv:2006.04768, Sec. 5.1) pre-trains with: a share ``mask_prob``
+(15 %) of the real (non-special) tokens is selected for prediction; a selected token is replaced by
 ``<mask>`` with probability 0.8, by a random regular token with 0.1, and kept with 0.1; the label is the
-original token at selected positions and ``-100`` elsewhere (padding included). A sequence in which no
-token was selected gets one selected uniformly at random (as BERT's ``max(1, round(n * p))``), so every
-sequence carries a label; this raises the rate only for sequences of a few tokens.
+original token at selected positions and ``-100`` elsewhere (padding included).
+
+How the tokens are selected (option ``selection``):
+
+- ``"per_token"`` (default): each real token independently with probability ``mask_prob``, so the count
+  per sequence is binomial, as in Hugging Face's ``DataCollatorForLanguageModeling`` (a Bernoulli draw
+  per position, special tokens excluded). Our addition: a sequence in which no token was selected gets
+  one selected uniformly at random, so every sequence carries a label; this raises the rate only for
+  sequences of a few tokens.
+- ``"fixed_count"``: original BERT (``create_masked_lm_predictions`` in google-research/bert's
+  ``create_pretraining_data.py``): exactly ``max(1, round(n * mask_prob))`` positions of a sequence of
+  ``n`` tokens (Python's ``round``, half to even), drawn uniformly without replacement from its real
+  tokens (fewer only if it has fewer real tokens). BERT's ``n`` also counts the ``[CLS]`` and ``[SEP]``
+  it never selects (these chunks have none), and BERT caps the count at ``max_predictions_per_seq``,
+  which it sets to about ``max_seq_len * mask_prob``; no cap here.
+
+(RoBERTa's fairseq ``MaskTokensDataset`` is a third variant: ``int(mask_prob * n + U[0, 1))`` positions,
+a fixed count with random rounding; not offered.)
 
 Masks are re-drawn every training epoch and are a pure function of ``(seed, epoch, index)`` (one
 generator per example, keyed by the sampler), hence identical for any ``num_workers``, under DDP and
@@ -31,6 +46,7 @@ import os
 import sysconfig
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -59,6 +75,7 @@ from tasks.data.tokenize import (
 
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the selected tokens; the remaining 0.1 stay unchanged
+Selection = Literal["per_token", "fixed_count"]
 
 
 def default_corpus_dir() -> Path:
@@ -95,9 +112,10 @@ def split_stream(documents: list[str], fractions: dict[Split, float]) -> dict[Sp
 class MaskedLMDataset(Dataset):
     """Items ``(inputs (N,), labels (N,))``: BERT masking of stored chunks, drawn per ``(epoch, index)``."""
 
-    def __init__(self, data: Sequences, *, mask_prob: float, seed: int, random_high: int):
+    def __init__(self, data: Sequences, *, mask_prob: float, selection: Selection, seed: int, random_high: int):
         self.data = data
         self.mask_prob = mask_prob
+        self.selection = selection
         self.seed = seed
         self.random_high = random_high  # random replacements are regular tokens in [len(SPECIAL_TOKENS), random_high)
 
@@ -110,10 +128,15 @@ class MaskedLMDataset(Dataset):
         n = len(tokens)
         generator = torch.Generator().manual_seed(derive_seed(self.seed, "mask", epoch, index))
         maskable = tokens >= len(SPECIAL_TOKENS)
-        selected = maskable & (torch.rand(n, generator=generator) < self.mask_prob)
-        if not selected.any() and maskable.any():
-            candidates = maskable.nonzero().squeeze(1)
-            selected[candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
+        candidates = maskable.nonzero().squeeze(1)
+        if self.selection == "fixed_count":
+            count = min(len(candidates), max(1, round(n * self.mask_prob)))
+            selected = torch.zeros(n, dtype=torch.bool)
+            selected[candidates[torch.randperm(len(candidates), generator=generator)[:count]]] = True
+        else:
+            selected = maskable & (torch.rand(n, generator=generator) < self.mask_prob)
+            if not selected.any() and len(candidates):
+                selected[candidates[torch.randint(len(candidates), (1,), generator=generator)]] = True
         action = torch.rand(n, generator=generator)
         replacement = torch.randint(len(SPECIAL_TOKENS), self.random_high, (n,), generator=generator)
         inputs = torch.where(selected & (action < MASK_SHARE), MASK_ID, tokens)
@@ -123,7 +146,7 @@ class MaskedLMDataset(Dataset):
 
 
 class MaskedLMDataModule(ZooDataModule):
-    """Masked language modelling (BERT-style 15 % masking) on chunks of a local text corpus.
+    """Masked language modelling (BERT's 15 % masking, 80/10/10) on chunks of a local text corpus.
 
     ``target = "token"``; ``num_classes = vocab_size`` (labels are token ids, -100 where not selected).
 
@@ -135,6 +158,9 @@ class MaskedLMDataModule(ZooDataModule):
         max_bytes: read at most this many bytes in all; None reads everything.
         max_seq_len: tokens per chunk (the last chunk of a split may be shorter).
         mask_prob: share of real tokens selected for prediction (BERT: 0.15).
+        selection: ``per_token`` selects each real token with probability ``mask_prob`` (Hugging Face's
+            collator); ``fixed_count`` selects exactly ``max(1, round(n * mask_prob))`` of a chunk's ``n``
+            tokens (original BERT).
         val_fraction: share of the corpus (characters) used for validation.
         test_fraction: share of the corpus (characters) used for test.
         tokenizer: ``"byte"`` (UTF-8 bytes, vocabulary 260), ``"bpe"`` or ``"wordpiece"`` (trained on train).
@@ -160,6 +186,7 @@ class MaskedLMDataModule(ZooDataModule):
         max_bytes: int | None = None,
         max_seq_len: int = 512,
         mask_prob: float = 0.15,
+        selection: Selection = "per_token",
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
         tokenizer: TokenizerKind = "byte",
@@ -191,12 +218,15 @@ class MaskedLMDataModule(ZooDataModule):
             raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
         if not 0 < mask_prob <= 1:
             raise ValueError(f"mask_prob must be in (0, 1], got {mask_prob}")
+        if selection not in ("per_token", "fixed_count"):
+            raise ValueError(f"selection must be one of 'per_token', 'fixed_count'; got {selection!r}")
         if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
             raise ValueError(f"need val_fraction, test_fraction > 0 with sum < 1; got {val_fraction}, {test_fraction}")
         if tokenizer not in ("byte", "bpe", "wordpiece"):
             raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
         self.max_files, self.max_bytes = max_files, max_bytes
         self.mask_prob = mask_prob
+        self.selection = selection
         self.fractions: dict[Split, float] = {
             "train": 1 - val_fraction - test_fraction,
             "val": val_fraction,
@@ -299,5 +329,9 @@ class MaskedLMDataModule(ZooDataModule):
 
     def make_dataset(self, split: Split, data: Sequences) -> Dataset:
         return MaskedLMDataset(
-            data, mask_prob=self.mask_prob, seed=self.seed, random_high=self.text_tokenizer().vocab_size
+            data,
+            mask_prob=self.mask_prob,
+            selection=self.selection,
+            seed=self.seed,
+            random_high=self.text_tokenizer().vocab_size,
         )
