@@ -5,6 +5,7 @@ from attention_zoo import (  # noqa: F401
     linformer,
     linformer_causal,
     lsh,  # noqa: F401
+    moba,  # noqa: F401
     nystrom,  # noqa: F401
     sparse,  # noqa: F401
 )

@@ -27,6 +27,12 @@ Per head (one of B*H), n = sequence length, d = head width:
   each (learned), then each query scores its own block (causal: j <= i) and k_c summaries of every other
   block (causal: of every earlier block), 4 d per (query, key) pair.
 
+- ``moba`` (blocks of c, ``top_k`` gated blocks): the gate scores q . (mean key) for every (query, candidate
+  block), 2 d each (causal: the blocks before the query's own; otherwise every other block); attention
+  4 d per (query, key) pair over the own block (causal: j <= i) and min(top_k, candidates) blocks of c
+  keys. Exact when c divides n; otherwise a non-causal query that selects the partial last block reads
+  fewer than c keys there, and the count is an upper bound. Mean pooling (additions) is not counted.
+
 A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
 pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
 shown as "n/a": no guessing.
@@ -131,6 +137,19 @@ def _linformer_causal(options: dict[str, Any], n: int, d: int, causal: bool) -> 
     else:
         pairs = sum(s * (s + (len(sizes) - 1) * k_c) for s in sizes)
     return projections + 4 * d * pairs
+
+
+@formula("moba")
+def _moba(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    c, top_k = options["block_size"], options["top_k"]
+    sizes = [min(c, n - start) for start in range(0, n, c)]
+    scored = pairs = 0
+    for block, size in enumerate(sizes):
+        candidates = block if causal else len(sizes) - 1
+        scored += size * candidates
+        own = size * (size + 1) // 2 if causal else size * size
+        pairs += own + size * min(top_k, candidates) * c
+    return 2 * d * scored + 4 * d * pairs
 
 
 def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:

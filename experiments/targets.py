@@ -3,7 +3,9 @@
 
 Protocol (the issues' wording): CPU, one thread (these machines throttle a second busy thread), the
 attention core alone, B=1, H=8, D=64, float32, forward+backward, minimum of repeats, speedup over
-``full`` with the SDPA backend at n = 4096; linear scaling as time(n=8192) / time(n=2048) <= 5.
+``full`` with the SDPA backend at n = 4096 (a causal target: over causal ``full``); linear scaling as
+time(n=8192) / time(n=2048) <= 5 (issue 11's rows: <= 4.5), and, where a target asks, peak memory growing no
+faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class Target:
     options: dict = field(default_factory=dict)
     min_speedup: float | None = None  # at n = 4096, over full (sdpa)
     max_scaling: float | None = None  # time(8192) / time(2048)
+    max_memory_growth: float | None = None  # peak MB(8192) / peak MB(2048)
+    causal: bool = False  # measured causal, against causal full attention
 
 
 TARGETS: tuple[Target, ...] = (
@@ -32,10 +36,15 @@ TARGETS: tuple[Target, ...] = (
     Target("nystrom", {"num_landmarks": 64}, min_speedup=14.0, max_scaling=5.0),
     Target("local", {"window": 256}, min_speedup=4.0, max_scaling=5.0),
     Target("lsh", {"n_hashes": 4, "bucket_size": 64}, min_speedup=2.0),
+    # issue 11: top_k counts the gated blocks besides the own one (5 blocks of 128 keys per query)
+    Target("moba", {"block_size": 128, "top_k": 4}, min_speedup=3.0, max_scaling=4.5, max_memory_growth=4.0),
+    Target(
+        "moba", {"block_size": 128, "top_k": 4}, min_speedup=2.5, max_scaling=4.5, max_memory_growth=4.0, causal=True
+    ),
 )
 
 
-def protocol_case(attention: str, options: dict[str, Any], n: int, threads: int) -> Case:
+def protocol_case(attention: str, options: dict[str, Any], n: int, threads: int, causal: bool = False) -> Case:
     return Case(
         attention=attention,
         options=dict(options),
@@ -48,7 +57,7 @@ def protocol_case(attention: str, options: dict[str, Any], n: int, threads: int)
         heads=8,
         dim_head=64,
         threads=threads,
-        causal=False,
+        causal=causal,
     )
 
 
@@ -59,40 +68,56 @@ def selected(names: set[str] | None) -> list[Target]:
 
 
 def target_cases(names: set[str] | None, threads: int) -> list[Case]:
+    targets = selected(names)
     cases = [protocol_case("full", {}, SPEEDUP_N, threads)]
-    for target in selected(names):
-        ns = (SCALING_NS[0], SPEEDUP_N, SCALING_NS[1]) if target.max_scaling is not None else (SPEEDUP_N,)
-        cases += [protocol_case(target.attention, target.options, n, threads) for n in ns]
+    if any(t.causal for t in targets):
+        cases.append(protocol_case("full", {}, SPEEDUP_N, threads, causal=True))
+    for target in targets:
+        scaled = target.max_scaling is not None or target.max_memory_growth is not None
+        ns = (SCALING_NS[0], SPEEDUP_N, SCALING_NS[1]) if scaled else (SPEEDUP_N,)
+        cases += [protocol_case(target.attention, target.options, n, threads, target.causal) for n in ns]
     return cases
 
 
 def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threads: int) -> Table:
     """``rows``: the store's latest row per case key."""
 
-    def best_ms(attention: str, options: dict[str, Any], n: int) -> float | None:
-        row = rows.get(protocol_case(attention, options, n, threads).key())
-        return row["time_ms_min"] if row and row["status"] == "ok" else None
+    def measured(target: Target, n: int, field: str, attention: str | None = None) -> float | None:
+        options = target.options if attention is None else {}
+        case = protocol_case(attention or target.attention, options, n, threads, target.causal)
+        row = rows.get(case.key())
+        return row[field] if row and row["status"] == "ok" else None
+
+    def ratio(target: Target, field: str) -> float:
+        short, long = (measured(target, n, field) for n in SCALING_NS)
+        return long / short if short and long else float("nan")
 
     table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, min)")
-    for header in ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target", "met"):
+    headers = ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target")
+    for header in (*headers, "mem(8192)/mem(2048)", "target", "met"):
         table.add_column(header)
-    full_ms = best_ms("full", {}, SPEEDUP_N)
     for target in selected(names):
-        ms = best_ms(target.attention, target.options, SPEEDUP_N)
+        label = target.attention + (" (causal)" if target.causal else "")
+        full_ms = measured(target, SPEEDUP_N, "time_ms_min", attention="full")
+        ms = measured(target, SPEEDUP_N, "time_ms_min")
         if ms is None or full_ms is None:
-            row = rows.get(protocol_case(target.attention, target.options, SPEEDUP_N, threads).key(), {})
-            table.add_row(target.attention, str(target.options), "-", "-", "-", "-", "-", "-", row.get("status", "-"))
+            case = protocol_case(target.attention, target.options, SPEEDUP_N, threads, target.causal)
+            status = rows.get(case.key(), {}).get("status", "-")
+            table.add_row(label, str(target.options), *["-"] * 8, status)
             continue
         speedup = full_ms / ms
         met = target.min_speedup is None or speedup >= target.min_speedup
-        scaling = "-"
+        scaling = memory = "-"
         if target.max_scaling is not None:
-            short, long = (best_ms(target.attention, target.options, n) for n in SCALING_NS)
-            ratio = long / short if short and long else float("nan")
-            scaling = f"{ratio:.2f}"
-            met = met and ratio <= target.max_scaling
+            time_ratio = ratio(target, "time_ms_min")
+            scaling = f"{time_ratio:.2f}"
+            met = met and time_ratio <= target.max_scaling
+        if target.max_memory_growth is not None:
+            memory_ratio = ratio(target, "peak_mb")
+            memory = f"{memory_ratio:.2f}"
+            met = met and memory_ratio <= target.max_memory_growth
         table.add_row(
-            target.attention,
+            label,
             str(target.options),
             f"{full_ms:.1f}",
             f"{ms:.1f}",
@@ -100,6 +125,8 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
             f">= {target.min_speedup}x" if target.min_speedup else "-",
             scaling,
             f"<= {target.max_scaling}" if target.max_scaling else "-",
+            memory,
+            f"<= {target.max_memory_growth}" if target.max_memory_growth else "-",
             "yes" if met else "NO",
         )
     return table
