@@ -161,9 +161,10 @@ def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -
     from tasks.cli import build
 
     problems, shuffle = [], False
-    quiet = logging.getLogger("lightning.pytorch")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         for entry in entries:
             argv = ["-c", task_config, "--model.attention", entry.attention, "--model.attention_options",
@@ -179,7 +180,8 @@ def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -
             except Exception as error:  # noqa: BLE001  (any construction error is this entry's problem)
                 problems.append(f"{entry.label}: {error}")
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
     return problems, shuffle
 
 
