@@ -198,12 +198,13 @@ class EncoderTask(pl.LightningModule):
 
 
 def hparams_for_view(params: dict[str, Any]) -> dict[str, bool | int | float | str]:
-    """What TensorBoard's HParams view lists for a run: ``attention``, a short ``options`` string (``k=64
-    sharing=kv``, or ``-``) and the other hyperparameters flattened; LightningCLI's bookkeeping entries
-    (``_class_path``, ``_instantiator``) and the options' nested form are left out."""
-    visible = {k: v for k, v in params.items() if not k.startswith("_") and k != "attention_options"}
+    """What TensorBoard's HParams view lists for a run: ``attention``, its options as one short string
+    ``attention_options`` (``k=64 sharing=kv``, or ``-``; the view sorts columns by name, so it sits next to
+    ``attention``) and the other hyperparameters flattened; LightningCLI's bookkeeping entries
+    (``_class_path``, ``_instantiator``) are left out."""
+    visible = {k: v for k, v in params.items() if not k.startswith("_")}
     options = params.get("attention_options") or {}
-    visible["options"] = " ".join(f"{k}={v}" for k, v in options.items()) or "-"
+    visible["attention_options"] = " ".join(f"{k}={v}" for k, v in options.items()) or "-"
     return flatten_hparams(visible)
 
 

@@ -155,8 +155,8 @@ def test_hparams_view_shows_attention_and_a_short_options_string_without_cli_boo
         "_class_path": "tasks.token_prediction.TokenPrediction",
         "_instantiator": "lightning.pytorch.cli.instantiate_module",
     }
-    assert hparams_for_view(params) == {"attention": "linformer", "options": "k=64 sharing=kv", "dim": 64}
-    assert hparams_for_view({"attention": "full", "attention_options": {}})["options"] == "-"
+    assert hparams_for_view(params) == {"attention": "linformer", "attention_options": "k=64 sharing=kv", "dim": 64}
+    assert hparams_for_view({"attention": "full", "attention_options": {}})["attention_options"] == "-"
 
 
 def pretrained_checkpoint(tmp_path, **overrides) -> str:
