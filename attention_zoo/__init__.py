@@ -3,10 +3,12 @@
 >>> import attention_zoo as az
 >>> core = az.create_attention("full", dim_head=64, heads=8)
 >>> model = az.TransformerEncoder(vocab_size=256, dim=128, depth=2, heads=4, max_seq_len=512, attention="full")
+>>> translator = az.Seq2SeqTransformer(8000, 128, 128, attention="linformer")  # decoder: linformer_causal
 """
 
 from attention_zoo import mechanisms  # noqa: F401  (registers every built-in mechanism)
 from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
 from attention_zoo.mha import MultiHeadAttention
 from attention_zoo.registry import (
@@ -16,18 +18,22 @@ from attention_zoo.registry import (
     list_attentions,
     register_attention,
 )
+from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import TransformerDecoder, TransformerEncoder
 
 __all__ = [
     "AttentionCore",
     "BuildContext",
     "MultiHeadAttention",
+    "Seq2SeqTransformer",
     "TransformerDecoder",
     "TransformerEncoder",
     "allowed_mask",
     "attention_options",
+    "beam_search",
     "create_attention",
     "get_attention_class",
+    "greedy_search",
     "list_attentions",
     "masked_softmax",
     "pad_mask",

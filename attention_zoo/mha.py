@@ -3,17 +3,42 @@
 MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O with head_i = core(Q W_i^Q, K W_i^K, V W_i^V)
 (Vaswani et al. 2017, eq. in section 3.2.2). The block owns every projection; the core owns only the
 mechanism, so swapping cores leaves the projections' ``state_dict`` keys alone.
+
+Step-by-step decoding: causal self-attention feeds the new positions to the core's
+:meth:`~attention_zoo.core.AttentionCore.decode` with the state from :meth:`MultiHeadAttention.start_decoding`
+(the core's cache, or its recompute fallback). Cross-attention projects the memory once
+(:meth:`MultiHeadAttention.project_memory`) and attends to that at every step (:meth:`attend_memory`);
+several hypotheses of one source (beam search) share its projected memory: their queries are stacked
+along the query axis of the source's row. That is exact because a cross-attention query never sees
+another query (every core with ``supports_cross_attention`` computes each query from the keys alone;
+``tests/test_decoding.py`` checks it over the registry). What is cached is the W^K, W^V projection of the
+memory; a core that transforms the keys itself (Linformer's E K, F V) still does so at every step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from einops import rearrange
 from torch import Tensor, nn
 
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import AttentionCore, BuildContext, DecodingState
 from attention_zoo.registry import create_attention, get_attention_class
+
+
+@dataclass
+class ProjectedMemory:
+    """The keys and values of a cross-attention block for one batch of sources, projected once:
+    ``keys``, ``values`` (S, H, M, D); ``mask`` (S, M) bool, True = real token, or None."""
+
+    keys: Tensor
+    values: Tensor
+    mask: Tensor | None
+
+    @property
+    def sources(self) -> int:
+        return self.keys.shape[0]
 
 
 class MultiHeadAttention(nn.Module):
@@ -81,14 +106,52 @@ class MultiHeadAttention(nn.Module):
                 "this block was built for "
                 + ("cross-attention: pass memory" if self.cross_attention else "self-attention: do not pass memory")
             )
-        source = x if memory is None else memory
-        split = lambda t: rearrange(t, "b n (h d) -> b h n d", h=self.heads)
-        if self.shared_qk:
-            q = k = split(self.to_qk(x))
-        else:
-            q, k = split(self.to_q(x)), split(self.to_k(source))
-        v = split(self.to_v(source))
+        if memory is not None:
+            return self.attend_memory(x, self.project_memory(memory, mask))
+        q, k, v = self._project(x)
         out = self.core(q, k, v, mask=mask, causal=self.causal)
+        return self._merge(out)
+
+    def start_decoding(self) -> DecodingState:
+        """A fresh state for :meth:`decode` (causal self-attention blocks only)."""
+        if self.cross_attention or not self.causal:
+            raise ValueError("step-by-step decoding needs a causal self-attention block (built with causal=True)")
+        return self.core.start_decoding()
+
+    def decode(self, x: Tensor, state: DecodingState, *, mask: Tensor | None = None) -> Tensor:
+        """The causal self-attention of the next T positions ``x`` (B, T, dim) given every position fed
+        before (kept in ``state``); equal to :meth:`forward` over the whole sequence at those positions."""
+        q, k, v = self._project(x)
+        return self._merge(self.core.decode(q, k, v, state, mask=mask))
+
+    def project_memory(self, memory: Tensor, mask: Tensor | None = None) -> ProjectedMemory:
+        """Keys and values of ``memory`` (S, M, dim) for :meth:`attend_memory` (cross-attention blocks)."""
+        if not self.cross_attention:
+            raise ValueError("project_memory needs a cross-attention block (built with cross_attention=True)")
+        return ProjectedMemory(self._split(self.to_k(memory)), self._split(self.to_v(memory)), mask)
+
+    def attend_memory(self, x: Tensor, memory: ProjectedMemory) -> Tensor:
+        """Cross-attention of queries ``x`` (S * G, N, dim) to projected memory of S sources: rows
+        ``s * G .. s * G + G - 1`` (G hypotheses of source s, e.g. its beams) all read source s."""
+        # s: source, g: hypothesis of a source, n: query positions, h: heads, d: head dim
+        rows, sources = x.shape[0], memory.sources
+        if sources == 0 or rows % sources:
+            raise ValueError(f"{rows} query rows do not split into hypotheses of {sources} sources")
+        q = rearrange(self.to_q(x), "(s g) n (h d) -> s h (g n) d", s=sources, h=self.heads)
+        out = self.core(q, memory.keys, memory.values, mask=memory.mask, causal=False)
+        return self._merge(rearrange(out, "s h (g n) d -> (s g) h n d", n=x.shape[1]))
+
+    def _split(self, t: Tensor) -> Tensor:
+        return rearrange(t, "b n (h d) -> b h n d", h=self.heads)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.shared_qk:
+            q = k = self._split(self.to_qk(x))
+        else:
+            q, k = self._split(self.to_q(x)), self._split(self.to_k(x))
+        return q, k, self._split(self.to_v(x))
+
+    def _merge(self, out: Tensor) -> Tensor:
         return self.dropout(self.to_out(rearrange(out, "b h n d -> b n (h d)")))
 
 

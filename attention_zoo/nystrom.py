@@ -37,9 +37,12 @@ Choices where the paper is silent (it assumes n divisible by m and no padding):
 - ``conv_kernel_size``: the paper's depthwise convolution skip on V (kernel 33 in its experiments), along
   the sequence, one filter per head, V's padded tokens zeroed first.
 - Not causal: every landmark averages a whole segment, so a query would see its segment's future; a
-  causal variant is not in the paper (xformers shipped one that leaked the future). Self-attention only:
-  the padding mask must also mark which queries build landmarks, and the convolution skip maps V onto the
-  query positions, both of which need Nq == Nk.
+  causal variant is not in the paper (xformers shipped one that leaked the future). A decoder built from
+  ``nystrom`` alone (``--model.attention nystrom`` in translation) therefore uses ``full`` for its causal
+  self-attention (``causal_counterpart``): the exact form of what Nystrom approximates, on the (short)
+  target side, while the encoder keeps Nystrom; the choice is logged and recorded with the run.
+- Self-attention only: the padding mask must also mark which queries build landmarks, and the convolution
+  skip maps V onto the query positions, both of which need Nq == Nk.
 
 Accuracy (float64, n = 64, d = 8, mean relative error vs full attention over 4 seeds, tests/test_nystrom.py):
 m = 4, 8, 16, 32, 64 gives 0.73, 0.64, 0.49, 0.38, 0.04 on Gaussian q, k and 0.43, 0.25, 0.12, 0.07, 0.04
@@ -153,6 +156,8 @@ class SoftmaxProduct(torch.autograd.Function):
 class NystromAttention(AttentionCore):
     supports_causal: ClassVar[bool] = False
     supports_cross_attention: ClassVar[bool] = False
+    #: no causal Nystrom exists (see the module doc): decoders use exact full attention instead
+    causal_counterpart: ClassVar[str | None] = "full"
     example_configs = (
         {"num_landmarks": 4},
         {"num_landmarks": 8},
@@ -160,8 +165,8 @@ class NystromAttention(AttentionCore):
         {"num_landmarks": 8, "pinv": "exact"},
     )
     notes: ClassVar[str] = (
-        "not causal (landmarks average whole segments); self-attention only; pinv='exact' is a reference: "
-        "on near-singular A~ it amplifies errors, the 6-step iteration regularises"
+        "not causal (landmarks average whole segments; decoders use full); self-attention only; "
+        "pinv='exact' is a reference: on near-singular A~ it amplifies errors, the 6-step iteration regularises"
     )
 
     def __init__(

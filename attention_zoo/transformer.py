@@ -3,18 +3,24 @@
 Pre-norm residual blocks (Xiong et al. 2020, arXiv:2002.04745): x + Attn(LN(x)), x + FF(LN(x)), and a
 final LayerNorm. Every layer builds its own core from the one attention spec; cores that share state
 across layers (Linformer's layerwise projection) keep it in ``shared_attention_state``, owned here.
+
+Incremental decoding (:meth:`TransformerDecoder.start_decoding`, :meth:`TransformerDecoder.decode`): a
+:class:`DecoderState` holds, per layer, the self-attention core's decoding state and the cross-attention's
+keys and values of the encoder output, projected once per source. Feeding a sequence in pieces gives the
+hidden states of :meth:`TransformerDecoder.forward` over the whole sequence (up to summation order).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from attention_zoo.core import BuildContext
-from attention_zoo.mha import MultiHeadAttention
+from attention_zoo.core import BuildContext, DecodingState
+from attention_zoo.mha import MultiHeadAttention, ProjectedMemory
 
 Positional = Literal["learned", "sinusoidal"]
 
@@ -39,10 +45,14 @@ class PositionalEmbedding(nn.Module):
         else:
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {kind!r}")
 
-    def forward(self, n: int) -> Tensor:
-        if n > self.max_seq_len:
-            raise ValueError(f"sequence length {n} exceeds max_seq_len={self.max_seq_len} of the position embedding")
-        return self.table.weight[:n] if self.kind == "learned" else self.sinusoids[:n]
+    def forward(self, n: int, start: int = 0) -> Tensor:
+        """The embeddings of positions ``start .. start + n - 1``: (n, dim)."""
+        if start + n > self.max_seq_len:
+            raise ValueError(
+                f"sequence length {start + n} exceeds max_seq_len={self.max_seq_len} of the position embedding"
+            )
+        table = self.table.weight if self.kind == "learned" else self.sinusoids
+        return table[start : start + n]
 
 
 class FeedForward(nn.Sequential):
@@ -75,10 +85,12 @@ class _Backbone(nn.Module):
     def context(self, layer_index: int, depth: int) -> BuildContext:
         return BuildContext(layer_index=layer_index, num_layers=depth, shared=self.shared_attention_state)
 
-    def embed(self, tokens: Tensor) -> Tensor:
+    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
+        """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``."""
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, N) integer ids, got shape {tuple(tokens.shape)}")
-        return self.embedding_dropout(self.token_embedding(tokens) + self.position_embedding(tokens.shape[1]))
+        positions = self.position_embedding(tokens.shape[1], start)
+        return self.embedding_dropout(self.token_embedding(tokens) + positions)
 
 
 class EncoderLayer(nn.Module):
@@ -161,6 +173,48 @@ class DecoderLayer(nn.Module):
         x = x + self.cross_attn(self.cross_norm(x), memory, mask=memory_mask)
         return x + self.ff(self.ff_norm(x))
 
+    def decode(self, x: Tensor, state: LayerDecodingState) -> Tensor:
+        x = x + self.self_attn.decode(self.self_norm(x), state.self_attention)
+        x = x + self.cross_attn.attend_memory(self.cross_norm(x), state.memory)
+        return x + self.ff(self.ff_norm(x))
+
+
+@dataclass
+class LayerDecodingState:
+    """One decoder layer's state: its self-attention core's :class:`DecodingState` (one row per
+    hypothesis) and its cross-attention's projected memory (one row per source)."""
+
+    self_attention: DecodingState
+    memory: ProjectedMemory
+
+
+class DecoderState:
+    """What :meth:`TransformerDecoder.decode` keeps between steps for a batch of S sources with
+    ``hypotheses_per_source`` = G hypotheses each (G = 1 for greedy decoding, the beam size for beam search).
+
+    Hypothesis rows are grouped by source: rows ``s * G .. s * G + G - 1`` belong to source s.
+    ``length`` is the number of positions fed so far.
+    """
+
+    def __init__(self, layers: list[LayerDecodingState], hypotheses_per_source: int) -> None:
+        self.layers = layers
+        self.hypotheses_per_source = hypotheses_per_source
+        self.length = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Hypothesis row r continues as old row ``index[r]`` (beam search keeps, repeats or drops
+        hypotheses). Each row must stay with its own source: ``index[r] // G == r // G``, so the memory,
+        projected once per source, needs no reordering."""
+        group = self.hypotheses_per_source
+        rows = torch.arange(index.numel(), device=index.device)
+        if index.ndim != 1 or not bool(torch.equal(index // group, rows // group)):
+            raise ValueError(
+                f"reorder: index {index.tolist()} moves a hypothesis to another source "
+                f"(rows s*{group} .. s*{group}+{group - 1} belong to source s)"
+            )
+        for layer in self.layers:
+            layer.self_attention.reorder(index)
+
 
 class TransformerDecoder(_Backbone):
     """Causal self-attention (``attention``, must support causal) + cross-attention to an encoder's
@@ -219,4 +273,27 @@ class TransformerDecoder(_Backbone):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x, memory, mask, memory_mask)
+        return self.norm(x)
+
+    def start_decoding(
+        self, memory: Tensor, memory_mask: Tensor | None = None, *, hypotheses_per_source: int = 1
+    ) -> DecoderState:
+        """A fresh :class:`DecoderState` for ``memory`` (S, M, dim) of S sources; every layer projects the
+        memory into its cross-attention keys and values here, once."""
+        if hypotheses_per_source < 1:
+            raise ValueError(f"hypotheses_per_source must be >= 1, got {hypotheses_per_source}")
+        layers = [
+            LayerDecodingState(layer.self_attn.start_decoding(), layer.cross_attn.project_memory(memory, memory_mask))
+            for layer in self.layers
+        ]
+        return DecoderState(layers, hypotheses_per_source)
+
+    def decode(self, tokens: Tensor, state: DecoderState) -> Tensor:
+        """Hidden states (S * G, T, dim) of the next T tokens (S * G, T) of every hypothesis, given the
+        tokens fed before; equal to :meth:`forward` over the whole prefix at those positions."""
+        # r: hypothesis rows (source-major), t: new positions
+        x = self.embed(tokens, start=state.length)
+        for layer, layer_state in zip(self.layers, state.layers, strict=True):
+            x = layer.decode(x, layer_state)
+        state.length += tokens.shape[1]
         return self.norm(x)

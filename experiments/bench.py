@@ -3,6 +3,7 @@ attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table lay
 
   zoo bench --attentions full,linformer:k=128 --seq-lens 512,1024 --mode fwd+bwd
   zoo bench --config experiments/linformer_table3.yaml --out runs/linformer_table3
+  zoo bench --config experiments/decoding.yaml --out runs/decoding     (greedy decoding: cache vs recompute)
   zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
 
 Every flag is also a YAML key of ``--config`` (underscores for dashes); flags win over the file. List
@@ -130,6 +131,9 @@ def main(argv: list[str]) -> int:
         swept = [row for key, row in latest.items() if key in keys]
         out.print(Markdown(bench_tables.nystromformer_table(swept)))
         out.print(Markdown("**Crossover**\n\n" + bench_tables.crossover_table(swept)))
+        decoding = bench_tables.decoding_table(swept)
+        if decoding:
+            out.print(Markdown("**Greedy decoding: cache vs recomputation**\n\n" + decoding))
     out.print(
         f"wrote {paths['jsonl']}, {paths['csv']}, {paths['markdown']}, {len(paths['plots'])} plot(s) "
         f"in {args.out}/plots, TensorBoard logs in {paths['tensorboard']}"

@@ -4,6 +4,15 @@ line alike) and its expansion into :class:`Case` objects, each one workload on o
 An attention entry is ``name`` or ``name:opt=value,opt=value`` (values parsed as YAML scalars), or in
 YAML a mapping ``{attention, options, min_seq_len, max_seq_len}``; the length bounds drop cases that
 make no sense for a config (Linformer Table 3 shows "-" where k >= n).
+
+Levels: ``core`` (the mechanism alone), ``mha`` (with its projections), ``layer`` (an encoder layer),
+``encoder`` (``depth`` layers with embeddings), ``seq2seq`` (an encoder-decoder,
+:class:`attention_zoo.seq2seq.Seq2SeqTransformer`, ``depth`` layers each, the mechanism in the encoder and,
+by the decoder rule, the decoder; cross-attention ``full``; n source tokens). Modes ``fwd`` and ``fwd+bwd``
+(at ``seq2seq``: teacher forcing over n target tokens), and, at the ``seq2seq`` level only, ``decode``
+(greedy decoding of n target tokens with the decoding cache) and ``decode-recompute`` (the same, the
+decoder recomputed over the whole prefix at every step); EOS is never generated, so every case decodes
+exactly n tokens per sequence.
 """
 
 from __future__ import annotations
@@ -17,14 +26,15 @@ from typing import Any, Literal
 
 import yaml
 
-Level = Literal["core", "mha", "layer", "encoder"]
-Mode = Literal["fwd", "fwd+bwd"]
+Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
+Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute"]
 DType = Literal["float32", "bfloat16", "float16"]
 Kind = Literal["time", "max_batch"]
 
 LEVELS: tuple[str, ...] = Level.__args__
 MODES: tuple[str, ...] = Mode.__args__
 DTYPES: tuple[str, ...] = DType.__args__
+DECODE_MODES: tuple[str, ...] = ("decode", "decode-recompute")
 
 
 @dataclass(frozen=True)
@@ -107,7 +117,7 @@ class BenchConfig:
     device: str = setting("cpu, cuda or auto", "auto")
     causal: bool = setting("causal attention (cores without it are recorded unsupported)", False)
     dim: int | None = setting("model width for mha/layer/encoder (default heads * dim_head)", None)
-    depth: int = setting("encoder layers", 12)
+    depth: int = setting("encoder layers (seq2seq: encoder and decoder layers each)", 12)
     ff_mult: int = setting("feed-forward width multiple", 4)
     vocab_size: int = setting("encoder vocabulary", 1000)
     repeats: int = setting("timed repeats (median, min, max reported)", 5)
@@ -132,6 +142,8 @@ class BenchConfig:
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.isolation not in ("process", "none"):
             raise ValueError(f"isolation must be process or none, got {self.isolation!r}")
+        if any(m in DECODE_MODES for m in self.modes) and "seq2seq" not in self.levels:
+            raise ValueError(f"modes {', '.join(DECODE_MODES)} decode with an encoder-decoder: add level seq2seq")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
 
@@ -193,6 +205,8 @@ def expand(config: BenchConfig, device: str) -> list[Case]:
         config.levels, config.modes, config.dtypes, config.threads, config.heads, config.dim_head, config.seq_lens
     )
     for level, mode, dtype, threads, heads, dim_head, n in grid:
+        if mode in DECODE_MODES and level != "seq2seq":
+            continue  # decoding needs a decoder (checked in BenchConfig: seq2seq is among the levels)
         model = _model_fields(config, level, heads, dim_head)
         for spec in config.attentions:
             if not spec.fits(n):

@@ -41,8 +41,10 @@ import torch
 from torch import nn
 
 import attention_zoo as az
+from attention_zoo.decoding import greedy_search
+from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import EncoderLayer
-from experiments.bench_cases import Case
+from experiments.bench_cases import DECODE_MODES, Case
 
 RESULT_MARKER = "BENCH_RESULT "
 STATUS_FILE = Path("/proc/self/status")  # Linux
@@ -86,7 +88,7 @@ def build_step(case: Case) -> Callable[[], None]:
         inputs = [torch.randn(b, n, case.dim, device=device, dtype=dtype, requires_grad=train)]
         forward = lambda: model(inputs[0])
         out_shape = (b, n, case.dim)
-    else:
+    elif case.level == "encoder":
         model = az.TransformerEncoder(
             case.vocab_size, case.dim, case.depth, case.heads, n, ff_mult=case.ff_mult, causal=case.causal, **attention
         )
@@ -94,6 +96,30 @@ def build_step(case: Case) -> Callable[[], None]:
         tokens = torch.randint(0, case.vocab_size, (b, n), device=device)
         forward = lambda: model(tokens)
         out_shape = (b, n, case.dim)
+    else:  # seq2seq: n source tokens; teacher forcing over n target tokens, or greedy decoding of n tokens
+        model = Seq2SeqTransformer(
+            case.vocab_size,
+            n,
+            n,
+            dim=case.dim,
+            depth=case.depth,
+            heads=case.heads,
+            dim_head=case.dim_head,
+            ff_mult=case.ff_mult,
+            dropout=0.0,
+            attention=case.attention,
+            attention_options=case.options,
+        )
+        inputs = []
+        source, target = (torch.randint(3, case.vocab_size, (b, n), device=device) for _ in range(2))
+        if case.mode in DECODE_MODES:
+            model.to(device=device, dtype=dtype).eval()
+            use_cache = case.mode == "decode"
+            # eos_id = vocab_size is never generated: every sequence decodes exactly n tokens (max_len)
+            ids = dict(bos_id=1, eos_id=case.vocab_size, pad_id=0)
+            return lambda: greedy_search(model, source, None, max_len=n, use_cache=use_cache, **ids)
+        forward = lambda: model(source, None, target)
+        out_shape = (b, n, case.vocab_size)
     model.to(device=device, dtype=dtype).train(train)
     if not train:
 

@@ -16,7 +16,9 @@ METHOD = """\
 Method: each case runs in a fresh worker process (unless `isolation: none`), builds its inputs and
 parameters, then makes `warmup` untimed calls and `repeats` timed ones; times are the median (min and
 max in `results.csv`). `fwd` runs under `torch.inference_mode()`; `fwd+bwd` is one forward and one
-backward. Memory (`peak_mb`) is the peak growth, above the inputs and parameters, during one more
+backward. `decode` / `decode-recompute` (level `seq2seq`) are greedy decoding of n tokens by an
+encoder-decoder, with the decoding cache / recomputing the decoder over the prefix at every step, under
+`torch.no_grad()`. Memory (`peak_mb`) is the peak growth, above the inputs and parameters, during one more
 (warm) call: on CUDA `torch.cuda.max_memory_allocated` after a reset; on CPU the resident-set
 high-water mark (`VmHWM`, reset through `/proc/self/clear_refs` after `malloc_trim(0)`) minus the
 resident set before the call. The CPU figure counts whole pages and every allocation of the process,
@@ -60,6 +62,9 @@ def render_report(rows: list[dict[str, Any]], title: str = "attention-zoo benchm
     if swept:
         sections.append("## Speedup and memory saving by n and option (Linformer Table 3 layout)\n\n" + swept)
     sections.append("## Crossover: where each mechanism overtakes full attention\n\n" + tables.crossover_table(rows))
+    decoding = tables.decoding_table(rows)
+    if decoding:
+        sections.append("## Greedy decoding: with the decoding cache vs recomputing the prefix\n\n" + decoding)
     searched = tables.max_batch_table(rows)
     if searched:
         sections.append("## Largest batch that fits (ratio to full attention)\n\n" + searched)

@@ -29,7 +29,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
-from experiments.bench_cases import BenchConfig, Case
+from experiments.bench_cases import DECODE_MODES, BenchConfig, Case
 from experiments.bench_measure import RESULT_MARKER, measure_case, measure_peak_tflops
 from experiments.bench_store import ResultStore, code_fingerprint, machine_info, now
 from experiments.console import console
@@ -50,6 +50,9 @@ def precheck(case: Case) -> dict[str, str] | None:
         return {"status": "error", "detail": f"{case.attention} has no option(s) {unknown}"}
     if case.causal and not cls.supports_causal:
         return {"status": "unsupported", "detail": f"{case.attention} does not support causal attention"}
+    if case.mode in DECODE_MODES and not cls.supports_causal:
+        detail = f"{case.attention} is not causal (a decoder would use {cls.causal_counterpart or 'another core'})"
+        return {"status": "unsupported", "detail": detail}
     return None
 
 

@@ -14,6 +14,8 @@ medians; a failed case shows its status (``oom``, ``timeout``, ...), one not mea
   the sweep's batch.
 - :func:`crossover_table`: the shortest n from which a mechanism is faster than full attention at every
   longer n measured.
+- :func:`decoding_table`: greedy decoding of n tokens with the decoding cache against recomputing the
+  decoder over the prefix at every step, per mechanism (the translation issue's target: >= 5x for full).
 """
 
 from __future__ import annotations
@@ -279,3 +281,30 @@ def all_cases_table(rows: list[Row]) -> str:
         detail = row.get("detail", "").replace("|", "/")
         body.append([label(row), group_title(key), str(row["seq_len"]), row["status"], *measured, flops, detail])
     return markdown_table(headers, body)
+
+
+def decoding_table(rows: list[Row]) -> str:
+    """Per setting and mechanism: greedy decoding time with the cache, recomputed, and their ratio."""
+    groups: dict[tuple, dict[str, dict[int, dict[str, Row]]]] = defaultdict(lambda: defaultdict(dict))
+    for row in rows:
+        if row["kind"] == "time" and row["mode"] in ("decode", "decode-recompute"):
+            key = tuple("greedy decoding" if f == "mode" else row[f] for f in GROUP_FIELDS)
+            groups[key][label(row)].setdefault(row["seq_len"], {})[row["mode"]] = row
+    sections = []
+    for key, configs in groups.items():
+        body = []
+        for name, per_n in configs.items():
+            for n, modes in sorted(per_n.items()):
+                cached, recomputed = modes.get("decode"), modes.get("decode-recompute")
+                times = [cell(r, "time_ms_median", None) for r in (cached, recomputed)]
+                body.append([name, str(n), *times, _cache_speedup(cached, recomputed)])
+        headers = ["mechanism", "tokens decoded", "cached (ms)", "recomputed (ms)", "cache speedup"]
+        sections.append(f"#### {group_title(key)}\n\n" + markdown_table(headers, body))
+    return "\n\n".join(sections)
+
+
+def _cache_speedup(cached: Row | None, recomputed: Row | None) -> str:
+    if cached is None or recomputed is None:
+        return "-"
+    failed = next((r["status"] for r in (cached, recomputed) if r["status"] != "ok"), None)
+    return failed or ratio(recomputed["time_ms_median"], cached["time_ms_median"])

@@ -37,6 +37,8 @@ A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose
 pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
 shown as "n/a": no guessing.
 
+The ``seq2seq`` level (encoder-decoder, teacher forcing or greedy decoding) has no formula: n/a.
+
 Around the core (``mha``, ``layer``, ``encoder`` levels), per token: the q, k, v, out projections
 4 x 2 dim (H d) (3 x with shared QK), the feed-forward 2 x 2 dim (mult dim); the encoder sums its
 layers (embedding look-ups are free).
@@ -170,7 +172,10 @@ def core_flops(case: Case, layer_index: int = 0) -> float | None:
 
 
 def case_flops(case: Case) -> float | None:
-    """FLOPs of one timed call of ``case`` (forward, or forward+backward = 3x forward)."""
+    """FLOPs of one timed call of ``case`` (forward, or forward+backward = 3x forward); None for the
+    ``seq2seq`` level (encoder-decoder and decoding work is not worked out here)."""
+    if case.level == "seq2seq":
+        return None
     if case.level == "core":
         forward = core_flops(case)
     else:

@@ -1,6 +1,9 @@
-"""What every task shares: an :class:`attention_zoo.TransformerEncoder` built from an attention name and
-its options, AdamW with linear warm-up and cosine decay, one ``_shared_step(batch, stage)``, throughput
-and peak-memory logging, and ``init_from`` (start the encoder from another run's checkpoint).
+"""What every task shares (:class:`ZooTask`): AdamW with linear warm-up and cosine decay, throughput and
+peak-memory logging, the run record, the TensorBoard HParams session, and the check that the data module
+gives the task's kind of labels. The encoder tasks (:class:`EncoderTask`) add an
+:class:`attention_zoo.TransformerEncoder` built from an attention name and its options, one
+``_shared_step(batch, stage)``, and ``init_from`` (start the encoder from another run's checkpoint); the
+translation task (:mod:`tasks.translation`) an encoder-decoder.
 
 A task never knows which attention it holds: ``attention`` and ``attention_options`` go straight to
 :func:`attention_zoo.create_attention`, which validates them when the task is built, i.e. before any
@@ -35,8 +38,78 @@ class ConfigError(ValueError):
     the wrong kind). ``zoo fit`` prints it as a one-paragraph error instead of a traceback."""
 
 
-class EncoderTask(pl.LightningModule):
-    """Base of every task: ``forward(tokens, mask) -> logits`` over a Transformer encoder.
+class ZooTask(pl.LightningModule):
+    """Base of every task ``zoo fit`` runs. Subclasses save ``lr``, ``weight_decay``, ``warmup_steps`` and
+    ``schedule`` (and ``attention``, ``attention_options``) as hyperparameters."""
+
+    #: the data module's ``target`` this task trains on ("sequence", "token", "translation")
+    target: ClassVar[str]
+    #: metrics listed in TensorBoard's HParams view next to the hyperparameters
+    hparam_metrics: ClassVar[tuple[str, ...]] = ("val/loss", "train/tokens_per_s", "train/peak_mem_mb")
+
+    def real_tokens(self, batch: dict[str, Tensor]) -> int:
+        """The real (not padding) tokens of a training batch: the work ``train/tokens_per_s`` counts."""
+        return int(batch["mask"].sum())
+
+    def describe_run(self) -> dict[str, Any]:
+        """Task-specific entries of the run record (``run.json``), written when fitting starts."""
+        return {}
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": self.hparams.weight_decay, "name": "weights"},
+                {"params": no_decay, "weight_decay": 0.0, "name": "biases_norms"},
+            ],
+            lr=self.hparams.lr,
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, schedule = self.hparams.warmup_steps, self.hparams.schedule
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if schedule == "constant":
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        # every run measures speed and memory and records its outcome, whatever its config says
+        return [SpeedAndMemory(), RunRecord()]
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        data_target = getattr(datamodule, "target", self.target)
+        if data_target != self.target:
+            raise ConfigError(
+                f"{type(self).__name__} trains on per-{self.target} labels but {type(datamodule).__name__} gives "
+                f"per-{data_target} labels; pair it with a data module whose target is {self.target!r}"
+            )
+
+    def on_fit_start(self) -> None:
+        self._log_hparams_session()
+
+    @rank_zero_only
+    def _log_hparams_session(self) -> None:
+        """Write the HParams-plugin session with this task's metric tags, so TensorBoard's HParams view
+        lists the attention, its options and the final metrics of each run side by side. (Lightning's
+        own hparams logging either lists no metrics or writes a placeholder value into the metric's curve.)"""
+        logger = self.logger
+        if not isinstance(logger, TensorBoardLogger):
+            return
+        flat = hparams_for_view(dict(self.hparams))
+        writer = logger.experiment._get_file_writer()  # the writer SummaryWriter.add_hparams itself uses
+        for summary in hparams_summary(flat, {name: 0.0 for name in self.hparam_metrics}):
+            writer.add_summary(summary)
+
+
+class EncoderTask(ZooTask):
+    """Base of the encoder tasks: ``forward(tokens, mask) -> logits`` over a Transformer encoder.
 
     Args:
         vocab_size: token vocabulary (linked from ``data.vocab_size`` by ``zoo fit``).
@@ -59,11 +132,6 @@ class EncoderTask(pl.LightningModule):
         init_from: a checkpoint (``last.ckpt`` of another run, e.g. MLM pretraining) whose encoder
             weights this model starts from; it must use the same attention and shapes.
     """
-
-    #: the data module's ``target`` this task trains on ("sequence" or "token")
-    target: ClassVar[str]
-    #: metrics listed in TensorBoard's HParams view next to the hyperparameters
-    hparam_metrics: ClassVar[tuple[str, ...]] = ("val/loss", "train/tokens_per_s", "train/peak_mem_mb")
 
     def __init__(
         self,
@@ -143,58 +211,6 @@ class EncoderTask(pl.LightningModule):
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "test")
-
-    def configure_optimizers(self) -> dict[str, Any]:
-        decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.ndim < 2]
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": self.hparams.weight_decay, "name": "weights"},
-                {"params": no_decay, "weight_decay": 0.0, "name": "biases_norms"},
-            ],
-            lr=self.hparams.lr,
-        )
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        warmup, schedule = self.hparams.warmup_steps, self.hparams.schedule
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            if schedule == "constant":
-                return 1.0
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
-
-    def configure_callbacks(self) -> list[pl.Callback]:
-        # every run measures speed and memory and records its outcome, whatever its config says
-        return [SpeedAndMemory(), RunRecord()]
-
-    def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        data_target = getattr(datamodule, "target", self.target)
-        if data_target != self.target:
-            raise ConfigError(
-                f"{type(self).__name__} trains on per-{self.target} labels but {type(datamodule).__name__} gives "
-                f"per-{data_target} labels; pair it with a data module whose target is {self.target!r}"
-            )
-
-    def on_fit_start(self) -> None:
-        self._log_hparams_session()
-
-    @rank_zero_only
-    def _log_hparams_session(self) -> None:
-        """Write the HParams-plugin session with this task's metric tags, so TensorBoard's HParams view
-        lists the attention, its options and the final metrics of each run side by side. (Lightning's
-        own hparams logging either lists no metrics or writes a placeholder value into the metric's curve.)"""
-        logger = self.logger
-        if not isinstance(logger, TensorBoardLogger):
-            return
-        flat = hparams_for_view(dict(self.hparams))
-        writer = logger.experiment._get_file_writer()  # the writer SummaryWriter.add_hparams itself uses
-        for summary in hparams_summary(flat, {name: 0.0 for name in self.hparam_metrics}):
-            writer.add_summary(summary)
 
 
 def hparams_for_view(params: dict[str, Any]) -> dict[str, bool | int | float | str]:

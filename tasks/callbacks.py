@@ -96,7 +96,8 @@ class SpeedAndMemory(pl.Callback):
     ) -> None:
         _synchronize(pl_module.device)
         seconds = time.perf_counter() - self._step_start
-        tokens = int(batch["mask"].sum())
+        count = getattr(pl_module, "real_tokens", None)  # the task knows what its batches hold
+        tokens = count(batch) if count is not None else int(batch["mask"].sum())
         self.window.append((tokens, seconds))
         self.steps_seen += 1
         if self.steps_seen > self.skip_steps:
@@ -126,7 +127,13 @@ class SpeedAndMemory(pl.Callback):
 class RunRecord(pl.Callback):
     """Keeps ``run.json`` in the run's log directory up to date: progress while training (at most every
     ``every_seconds``), then the final metrics, throughput, peak memory, parameter count and wall time;
-    ``status`` is ``running``, ``finished`` or ``failed`` (with the error). ``zoo compare`` reads it."""
+    ``status`` is ``running``, ``finished`` or ``failed`` (with the error). ``zoo compare`` reads it.
+    A task's ``describe_run()`` entries (e.g. the translation corpus and decoder rule) are added at fit start.
+
+    ``zoo test`` adds its metrics (``test/...``) to the ``metrics`` of the run.json in its log directory
+    (``--ckpt_path last`` tests the newest run of the mechanism in that run's own directory) and, when the
+    checkpoint lies in another run's ``checkpoints/``, to that run's run.json too; other entries stay.
+    """
 
     def __init__(self, every_seconds: float = 1.0) -> None:
         self.every_seconds = every_seconds
@@ -151,6 +158,8 @@ class RunRecord(pl.Callback):
             "step": trainer.global_step,
             "max_steps": trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches),
         }
+        describe = getattr(pl_module, "describe_run", None)
+        self.record.update(describe() if describe is not None else {})
         self._write(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -172,6 +181,25 @@ class RunRecord(pl.Callback):
         )
         self._write(trainer)
 
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        tested = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test/") and v.numel() == 1}
+        log_dir = trainer.log_dir
+        if not trainer.is_global_zero or log_dir is None:
+            return
+        paths = {Path(log_dir) / RUN_RECORD}
+        if trainer.ckpt_path:
+            checkpoint_run = Path(trainer.ckpt_path).resolve().parent.parent / RUN_RECORD
+            if checkpoint_run.exists():
+                paths.add(checkpoint_run)
+        for path in paths:
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                record = {"status": "tested", "task": type(pl_module).__name__}
+            record.setdefault("metrics", {}).update(tested)
+            record["tested_checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else None
+            _write_json(path, record)
+
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.record.update(status="failed", error=f"{type(exception).__name__}: {exception}", step=trainer.global_step)
         self._write(trainer)
@@ -180,10 +208,14 @@ class RunRecord(pl.Callback):
         self._last_write = time.perf_counter()
         if not trainer.is_global_zero or self._path is None:
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self._path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(self.record, indent=2, default=str))
-        os.replace(temporary, self._path)  # readers never see half a file
+        _write_json(self._path, self.record)
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(record, indent=2, default=str))
+    os.replace(temporary, path)  # readers never see half a file
 
 
 class SaveConfigToRun(SaveConfigCallback):

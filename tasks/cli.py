@@ -7,8 +7,9 @@
     zoo fit -c configs/listops.yaml --ckpt_path last                  # resume the latest run of that mechanism
     zoo fit -c configs/listops.yaml --print_config                    # the resolved config
 
-``vocab_size``, ``max_seq_len`` and ``num_classes`` are set once, on the data module, and linked into the
-model. A wrong attention name or option stops before training with the valid names or options. With the
+The sizes of :data:`LINKED` (``vocab_size``, ``max_seq_len``, ``num_classes``; for translation
+``max_source_len``, ``max_target_len``) are set once, on the data module, and linked into the model. A
+wrong attention name or option stops before training with the valid names or options. With the
 TensorBoard logger of the configs, a run logs to ``<save_dir>/<name>/<attention>/version_<n>/`` (events,
 ``config.yaml``, ``run.json``, ``checkpoints/``), so ``tensorboard --logdir <save_dir>/<name>`` overlays
 the mechanisms of one task; ``--ckpt_path last`` continues the newest ``version_<n>`` of that mechanism.
@@ -25,17 +26,22 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from tasks import classification, data, token_prediction  # noqa: F401  (short class names in configs)
-from tasks.base import ConfigError, EncoderTask
+from tasks import classification, data, token_prediction, translation  # noqa: F401  (short class names in configs)
+from tasks.base import ConfigError, ZooTask
 from tasks.callbacks import SaveConfigToRun
 
-LINKED = ("vocab_size", "max_seq_len", "num_classes")
+#: sizes set once on the data module and linked into the model: the encoder tasks take vocab_size,
+#: max_seq_len and num_classes, the translation task vocab_size, max_source_len and max_target_len. A link
+#: whose attribute the data module lacks is skipped (jsonargparse), and a task whose signature lacks the
+#: target ignores it, so one list serves every pair of task and data module; a task paired with data that
+#: lacks one of its sizes gets None and says so (TranslationTask), or fails its target check at setup.
+LINKED = ("vocab_size", "max_seq_len", "num_classes", "max_source_len", "max_target_len")
 
 
 class ZooCLI(LightningCLI):
     def __init__(self, args: list[str], *, run: bool = True) -> None:
         super().__init__(
-            EncoderTask,
+            ZooTask,
             LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
@@ -88,7 +94,7 @@ def place_run(logger: object, attention: str, *, resume: bool) -> None:
             init.version = max(versions)
 
 
-def build(argv: list[str]) -> tuple[EncoderTask, LightningDataModule]:
+def build(argv: list[str]) -> tuple[ZooTask, LightningDataModule]:
     """The task and data module that ``zoo fit <argv>`` would train, built without training, logging or
     writing anything (``zoo compare`` checks every mechanism this way before it starts). Raises
     :class:`ConfigError` (or jsonargparse's error) for a configuration ``zoo fit`` would refuse."""

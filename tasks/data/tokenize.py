@@ -9,6 +9,11 @@ Special tokens sit at the same ids in every tokenizer (``<pad>`` 0, ``<cls>`` 1,
 
 A trained tokenizer is saved next to the cache (``tokenizer_path``) and can be reused with
 ``tokenizer_file``, e.g. to fine-tune with the vocabulary of an MLM pre-training run.
+
+Translation adds ``<bos>`` 4 and ``<eos>`` 5 after the four shared specials
+(:data:`TRANSLATION_SPECIAL_TOKENS`), so ``<pad>`` and ``<unk>`` keep their ids. Byte-level BPE decodes
+losslessly (spaces, punctuation and non-ASCII letters come back exactly), which is what lets a translation
+be scored by sacreBLEU against its raw reference.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from tasks.data.base import write_atomically
 
 SPECIAL_TOKENS = ("<pad>", "<cls>", "<mask>", "<unk>")
 PAD_ID, CLS_ID, MASK_ID, UNK_ID = range(len(SPECIAL_TOKENS))
+TRANSLATION_SPECIAL_TOKENS = (*SPECIAL_TOKENS, "<bos>", "<eos>")
+BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS), len(TRANSLATION_SPECIAL_TOKENS))
 BYTE_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 TokenizerKind = Literal["byte", "bpe", "wordpiece"]
 
@@ -41,7 +48,8 @@ def _import_tokenizers():
 
 
 class TextTokenizer:
-    """Byte-level (``subword=None``) or a ``tokenizers.Tokenizer`` with :data:`SPECIAL_TOKENS` at ids 0-3."""
+    """Byte-level (``subword=None``) or a ``tokenizers.Tokenizer`` with :data:`SPECIAL_TOKENS` at ids 0-3
+    (and, for translation, the rest of :data:`TRANSLATION_SPECIAL_TOKENS` after them)."""
 
     def __init__(self, subword=None):
         self.subword = subword
@@ -51,7 +59,13 @@ class TextTokenizer:
         return BYTE_VOCAB_SIZE if self.subword is None else self.subword.get_vocab_size()
 
     @classmethod
-    def train(cls, kind: Literal["bpe", "wordpiece"], texts: Sequence[str], vocab_size: int) -> TextTokenizer:
+    def train(
+        cls,
+        kind: Literal["bpe", "wordpiece"],
+        texts: Sequence[str],
+        vocab_size: int,
+        special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    ) -> TextTokenizer:
         tk = _import_tokenizers()
         if kind == "bpe":
             tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
@@ -60,7 +74,7 @@ class TextTokenizer:
             alphabet = tk.pre_tokenizers.ByteLevel.alphabet()
             trainer = tk.trainers.BpeTrainer(
                 vocab_size=vocab_size,
-                special_tokens=list(SPECIAL_TOKENS),
+                special_tokens=list(special_tokens),
                 initial_alphabet=alphabet,
                 show_progress=False,
             )
@@ -70,7 +84,7 @@ class TextTokenizer:
             tokenizer.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
             tokenizer.decoder = tk.decoders.WordPiece()
             trainer = tk.trainers.WordPieceTrainer(
-                vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+                vocab_size=vocab_size, special_tokens=list(special_tokens), show_progress=False
             )
         tokenizer.train_from_iterator(texts, trainer=trainer)
         if tokenizer.get_vocab_size() > vocab_size:
@@ -81,7 +95,9 @@ class TextTokenizer:
         return cls(tokenizer)
 
     @classmethod
-    def load(cls, path: str | Path, kind: Literal["bpe", "wordpiece"]) -> TextTokenizer:
+    def load(
+        cls, path: str | Path, kind: Literal["bpe", "wordpiece"], special_tokens: Sequence[str] = SPECIAL_TOKENS
+    ) -> TextTokenizer:
         tk = _import_tokenizers()
         if not Path(path).is_file():
             raise FileNotFoundError(f"tokenizer_file {str(path)!r} does not exist")
@@ -91,10 +107,11 @@ class TextTokenizer:
             raise ValueError(
                 f"tokenizer_file {str(path)!r} holds a {type(tokenizer.model).__name__} model, not {kind!r}"
             )
-        ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-        if ids != {token: i for i, token in enumerate(SPECIAL_TOKENS)}:
+        ids = {token: tokenizer.token_to_id(token) for token in special_tokens}
+        if ids != {token: i for i, token in enumerate(special_tokens)}:
             raise ValueError(
-                f"tokenizer_file {str(path)!r} must have the special tokens {SPECIAL_TOKENS} at ids 0-3; has {ids}"
+                f"tokenizer_file {str(path)!r} must have the special tokens {tuple(special_tokens)} at ids "
+                f"0-{len(special_tokens) - 1}; has {ids}"
             )
         return cls(tokenizer)
 
@@ -109,6 +126,13 @@ class TextTokenizer:
             ]
         return [torch.tensor(encoding.ids, dtype=torch.long) for encoding in self.subword.encode_batch(list(texts))]
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; special tokens and ids outside the vocabulary are skipped."""
+        if self.subword is None:
+            raw = bytes(i - len(SPECIAL_TOKENS) for i in ids if len(SPECIAL_TOKENS) <= i < BYTE_VOCAB_SIZE)
+            return raw.decode(errors="replace")
+        return self.subword.decode(list(ids), skip_special_tokens=True)
+
 
 def resolve_tokenizer(
     kind: TokenizerKind,
@@ -117,19 +141,20 @@ def resolve_tokenizer(
     tokenizer_file: str | None,
     trained_path: Path | None,
     texts: Callable[[], list[str]],
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
 ) -> TextTokenizer:
     """The byte tokenizer; the one in ``tokenizer_file``; or one trained on ``texts()`` and saved at
     ``trained_path`` (reused from there when it already exists)."""
     if kind == "byte":
         return TextTokenizer()
     if tokenizer_file is not None:
-        return TextTokenizer.load(tokenizer_file, kind)
+        return TextTokenizer.load(tokenizer_file, kind, special_tokens)
     if trained_path.exists():
         try:
-            return TextTokenizer.load(trained_path, kind)
+            return TextTokenizer.load(trained_path, kind, special_tokens)
         except Exception as error:  # an unreadable saved tokenizer is retrained
             warnings.warn(f"ignoring unusable tokenizer {trained_path} ({error}); retraining it", stacklevel=2)
-    tokenizer = TextTokenizer.train(kind, texts(), vocab_size)
+    tokenizer = TextTokenizer.train(kind, texts(), vocab_size, special_tokens)
     tokenizer.save(trained_path)
     return tokenizer
 

@@ -1,0 +1,356 @@
+"""Translation data: sentence pairs from one of four sources, a joint BPE, and teacher-forcing batches.
+
+Sources (``source``), nothing downloaded at run time:
+
+- ``gettext`` (default): the machine's installed message catalogs, English msgids -> their translations
+  (:mod:`tasks.data.gettext_corpus` says what is kept, normalised and dropped). Real human translations of
+  software messages; about 42,000 distinct EN-DE pairs on a Debian machine with the usual packages.
+- ``files``: line-aligned ``<prefix>.<lang>`` pairs, TSV or JSONL (:mod:`tasks.data.parallel_text`): WMT14's
+  training files and newstest sets, once unpacked.
+- ``hf``: a Hugging Face ``datasets`` dataset (``wmt14``/``de-en`` from a local cache, or local JSON files
+  through ``hf_dataset="json"`` and ``hf_data_files``).
+- ``synthetic``: a seeded toy language pair with reordering and agreement
+  (:mod:`tasks.data.synthetic_translation`), for tests and quick sanity runs.
+
+Every source's pairs are cleaned and split the same way (:mod:`tasks.data.parallel_corpus`): whitespace
+normalised, empty pairs dropped, and a split without its own data carved from train by a hash of the
+source string, so that no source is in two splits.
+
+Tokenisation: one byte-level BPE (``tokenizers``) for both languages, trained on the training split's
+sources and targets only, cached by its parameters; ``<pad>`` 0, ``<bos>`` 4, ``<eos>`` 5
+(:data:`tasks.data.tokenize.TRANSLATION_SPECIAL_TOKENS`). It decodes losslessly, so :meth:`decode` gives
+text that sacreBLEU scores directly against the raw reference of :meth:`texts`. A pair whose source + EOS
+exceeds ``max_source_len`` or whose target + BOS/EOS exceeds ``max_target_len`` is an error by default
+(naming how many and the longest); ``overlong="drop"`` drops them, counted per split in
+:meth:`corpus_summary` and warned about.
+
+Batches (the contract with :mod:`tasks.translation`):
+
+- ``source`` (B, S) long, padded with ``pad_id``, ending in EOS (no BOS); ``source_mask`` (B, S) bool, True = real;
+- ``target_in`` (B, T) long = BOS y_1 .. y_m, padded with ``pad_id``; ``target_mask`` (B, T) bool, True = real;
+- ``target_out`` (B, T) long = y_1 .. y_m EOS, -100 at padding;
+- ``index`` (B,) long, the pair's position in its split (``texts(split)[0][index]`` is its raw source).
+
+Caches under ``<cache_dir>/translation/``: the corpus (pairs per split and the reader's counts, JSON), the
+BPE (JSON), and the tokenised splits (``.pt``), each keyed by every parameter that defines it, including a
+fingerprint of the source files (names, sizes, modification times).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from tasks.data.base import (
+    IGNORE_INDEX,
+    SPLITS,
+    EpochSampler,
+    Sequences,
+    Split,
+    ZooDataModule,
+    cache_file,
+    derive_seed,
+    epoch_and_index,
+)
+from tasks.data.gettext_corpus import normalise_whitespace
+from tasks.data.parallel_corpus import CorpusSpec, Source
+from tasks.data.tokenize import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    TRANSLATION_SPECIAL_TOKENS,
+    TextTokenizer,
+    resolve_tokenizer,
+)
+
+Overlong = Literal["error", "drop"]
+
+
+class PairDataset(Dataset):
+    """Items ``(source ids + EOS, target ids, index)`` from sequences stored as source, target, source, ..."""
+
+    def __init__(self, data: Sequences):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data) // 2
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor, int]:
+        _, index = epoch_and_index(key)
+        return self.data.sequence(2 * index), self.data.sequence(2 * index + 1), index
+
+
+class PairCollate:
+    """Batch ``(source, target, index)`` items into the translation batch dict (see the module docstring)."""
+
+    def __init__(self, pad_source_to: int | None = None, pad_target_to: int | None = None):
+        self.pad_source_to, self.pad_target_to = pad_source_to, pad_target_to
+
+    def __call__(self, items: list[tuple[Tensor, Tensor, int]]) -> dict[str, Tensor]:
+        source_lengths = torch.tensor([len(source) for source, _, _ in items])
+        target_lengths = torch.tensor([len(target) + 1 for _, target, _ in items])
+        width_s = self.pad_source_to or int(source_lengths.max())
+        width_t = self.pad_target_to or int(target_lengths.max())
+        source = torch.full((len(items), width_s), PAD_ID, dtype=torch.long)
+        target_in = torch.full((len(items), width_t), PAD_ID, dtype=torch.long)
+        target_out = torch.full((len(items), width_t), IGNORE_INDEX, dtype=torch.long)
+        for row, (source_ids, target_ids, _) in enumerate(items):
+            m = len(target_ids)
+            source[row, : len(source_ids)] = source_ids
+            target_in[row, 0], target_in[row, 1 : m + 1] = BOS_ID, target_ids
+            target_out[row, :m], target_out[row, m] = target_ids, EOS_ID
+        return {
+            "source": source,
+            "source_mask": torch.arange(width_s)[None, :] < source_lengths[:, None],
+            "target_in": target_in,
+            "target_out": target_out,
+            "target_mask": torch.arange(width_t)[None, :] < target_lengths[:, None],
+            "index": torch.tensor([index for _, _, index in items], dtype=torch.long),
+        }
+
+
+class TranslationDataModule(ZooDataModule):
+    """Sentence pairs for encoder-decoder translation, tokenised with a joint BPE (see the module docstring).
+
+    ``vocab_size`` is ``bpe_vocab_size`` (every id is below it; a small corpus may train fewer tokens),
+    ``max_seq_len`` the larger of ``max_source_len`` and ``max_target_len``, ``num_classes`` the vocabulary.
+
+    Args:
+        source: where the pairs come from: ``"gettext"`` (installed catalogs), ``"files"``, ``"hf"``, ``"synthetic"``.
+        source_lang: language of the source side (``gettext``: ``"en"``, the language of msgids).
+        target_lang: language of the target side (``gettext``: a folder of ``locale_dir``, e.g. ``de``, ``fr``, ``es``).
+        locale_dir: where ``gettext`` looks for ``<target_lang>/LC_MESSAGES/*.mo``.
+        train_data: ``files``: training pairs: a ``.tsv`` or ``.jsonl`` file, or the prefix of two
+            ``<prefix>.<lang>`` files.
+        val_data: ``files``: validation pairs (same formats); default: carved from train by source hash.
+        test_data: ``files``: test pairs (same formats); default: carved from train by source hash.
+        source_field: JSONL / ``hf`` field of the source text (dotted names reach into nested objects).
+        target_field: JSONL / ``hf`` field of the target text (``hf`` rows with a ``translation`` column are
+            read as ``translation[<lang>]`` instead).
+        hf_dataset: ``hf``: dataset name (``wmt14``) or a builder such as ``json`` for local files.
+        hf_config: ``hf``: configuration name (``de-en``).
+        hf_data_files: ``hf``: ``{split name: file}`` for a builder such as ``json`` (splits ``train``,
+            ``validation``, ``test``).
+        synthetic_pairs: ``synthetic``: number of distinct pairs drawn (before the split).
+        synthetic_words: ``synthetic``: nouns and adjectives in the toy lexicon (half as many verbs).
+        val_fraction: share of the carved data that goes to validation.
+        test_fraction: share of the carved data that goes to test.
+        train_size: keep at most this many training pairs (the first in hash order); None keeps all.
+        bpe_vocab_size: size of the joint BPE vocabulary, specials included (>= 262: 6 specials + 256 bytes).
+        max_source_len: maximum source tokens, EOS included.
+        max_target_len: maximum target tokens plus one (the BOS of ``target_in`` / EOS of ``target_out``).
+        overlong: a longer pair is an ``"error"`` (default: raise, saying how many and the longest) or is
+            dropped (``"drop"``: counted per split in ``corpus_summary()``).
+        seed: seed of the synthetic pairs and of shuffling (not of the split, which is by source hash).
+        batch_size: pairs per batch (per device under DDP).
+        num_workers: DataLoader worker processes; 0 loads in the main process.
+        pad_to_max_len: pad sources to ``max_source_len`` and targets to ``max_target_len``.
+        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+    """
+
+    target = "translation"
+    cache_name = "translation"
+
+    def __init__(
+        self,
+        *,
+        source: Source = "gettext",
+        source_lang: str = "en",
+        target_lang: str = "de",
+        locale_dir: str = "/usr/share/locale",
+        train_data: str | None = None,
+        val_data: str | None = None,
+        test_data: str | None = None,
+        source_field: str = "source",
+        target_field: str = "target",
+        hf_dataset: str | None = None,
+        hf_config: str | None = None,
+        hf_data_files: dict[str, str] | None = None,
+        synthetic_pairs: int = 20000,
+        synthetic_words: int = 32,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        train_size: int | None = None,
+        bpe_vocab_size: int = 8000,
+        max_source_len: int = 256,
+        max_target_len: int = 256,
+        overlong: Overlong = "error",
+        seed: int = 0,
+        batch_size: int = 32,
+        num_workers: int = 0,
+        pad_to_max_len: bool = False,
+        cache_dir: str | None = None,
+    ):
+        super().__init__(
+            seed=seed,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pad_to_max_len=pad_to_max_len,
+            cache_dir=cache_dir,
+        )
+        if overlong not in ("error", "drop"):
+            raise ValueError(f"overlong must be 'error' or 'drop'; got {overlong!r}")
+        minimum_vocab = len(TRANSLATION_SPECIAL_TOKENS) + 256
+        if bpe_vocab_size < minimum_vocab:
+            raise ValueError(
+                f"bpe_vocab_size must be >= {minimum_vocab} (6 specials + 256 bytes), got {bpe_vocab_size}"
+            )
+        if min(max_source_len, max_target_len) < 2:
+            raise ValueError(f"max_source_len and max_target_len must be >= 2; got {max_source_len}, {max_target_len}")
+        self.spec = CorpusSpec(
+            source=source,
+            source_lang=source_lang,
+            target_lang=target_lang,
+            locale_dir=Path(locale_dir),
+            split_data={"train": train_data, "val": val_data, "test": test_data},
+            source_field=source_field,
+            target_field=target_field,
+            hf_dataset=hf_dataset,
+            hf_config=hf_config,
+            hf_data_files=hf_data_files,
+            synthetic_pairs=synthetic_pairs,
+            synthetic_words=synthetic_words,
+            seed=seed,
+            fractions={"val": val_fraction, "test": test_fraction},
+            train_size=train_size,
+        )
+        self.source, self.source_lang, self.target_lang = source, source_lang, target_lang
+        self.bpe_vocab_size, self.overlong = bpe_vocab_size, overlong
+        self.max_source_len, self.max_target_len = max_source_len, max_target_len
+        self.vocab_size = bpe_vocab_size
+        self.max_seq_len = max(max_source_len, max_target_len)
+        self.num_classes = bpe_vocab_size
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self._corpus: dict | None = None
+        self._tokenizer: TextTokenizer | None = None
+
+    def corpus(self) -> dict:
+        """``{"splits": {split: [[source, target], ...]}, "summary": {...}}`` from the cache, or built."""
+        if self._corpus is None:
+            path = cache_file(self.cache_dir, self.cache_name, "corpus", self.spec.params()).with_suffix(".json")
+            self._corpus = self.spec.load(path)
+        return self._corpus
+
+    # ---- tokenisation ---------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        """The joint BPE, trained on the training split's sources and targets (cached by its parameters)."""
+        if self._tokenizer is None:
+            params = self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size}
+            self._tokenizer = resolve_tokenizer(
+                "bpe",
+                vocab_size=self.bpe_vocab_size,
+                tokenizer_file=None,
+                trained_path=cache_file(self.cache_dir, self.cache_name, "bpe", params).with_suffix(".json"),
+                texts=lambda: [text for pair in self.corpus()["splits"]["train"] for text in pair],
+                special_tokens=TRANSLATION_SPECIAL_TOKENS,
+            )
+        return self._tokenizer
+
+    def cache_params(self) -> dict:
+        lengths = {"max_source_len": self.max_source_len, "max_target_len": self.max_target_len}
+        return self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size, "overlong": self.overlong} | lengths
+
+    def build_split(self, split: Split) -> Sequences:
+        """Stored as source + EOS, target, source + EOS, ...; ``labels`` = each pair's index in the corpus split
+        (twice), ``truncated`` = the number of over-long pairs dropped."""
+        pairs = self.corpus()["splits"][split]
+        sources = self.tokenizer.encode([source for source, _ in pairs])
+        targets = self.tokenizer.encode([target for _, target in pairs])
+        lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(sources, targets, strict=True)]
+        overlong = [i for i, (s, t) in enumerate(lengths) if s > self.max_source_len or t > self.max_target_len]
+        if overlong and self.overlong == "error":
+            longest = max(
+                overlong, key=lambda i: max(lengths[i][0] / self.max_source_len, lengths[i][1] / self.max_target_len)
+            )
+            raise ValueError(
+                f"{len(overlong)} of {len(pairs)} {split} pairs are longer than max_source_len={self.max_source_len} "
+                f"(source + <eos>) or max_target_len={self.max_target_len} (target + <bos>) tokens; the longest "
+                f"sources have {max(lengths[i][0] for i in overlong)} tokens, the longest targets "
+                f"{max(lengths[i][1] for i in overlong)} (e.g. pair {longest}: {pairs[longest][0][:60]!r}); "
+                f"set overlong='drop' to drop them (counted in corpus_summary()) or raise the limits"
+            )
+        if len(overlong) == len(pairs):
+            raise ValueError(
+                f"all {len(pairs)} {split} pairs are longer than max_source_len={self.max_source_len} or "
+                f"max_target_len={self.max_target_len} tokens; raise the limits"
+            )
+        dropped = set(overlong)
+        kept = [i for i in range(len(pairs)) if i not in dropped]
+        sequences = [ids for i in kept for ids in (torch.cat([sources[i], torch.tensor([EOS_ID])]), targets[i])]
+        index = torch.tensor([i for i in kept for _ in range(2)], dtype=torch.int64)
+        return Sequences.from_tensors(sequences, index, truncated=len(overlong))
+
+    def load_split(self, split: Split) -> Sequences:
+        fresh = split not in self.splits
+        data = super().load_split(split)
+        if fresh and data.truncated:
+            warnings.warn(
+                f"dropped {data.truncated} of {data.truncated + len(data) // 2} {split} pairs longer than "
+                f"max_source_len={self.max_source_len} / max_target_len={self.max_target_len} tokens (overlong='drop')",
+                stacklevel=2,
+            )
+        return data
+
+    # ---- what the task uses -----------------------------------------------------------------------------
+    def decode(self, ids: Tensor | list[int]) -> str:
+        """Detokenised text of one sequence of ids: stops at the first EOS, drops BOS and PAD."""
+        ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        if EOS_ID in ids:
+            ids = ids[: ids.index(EOS_ID)]
+        return self.tokenizer.decode(ids)
+
+    def encode_source(self, text: str) -> list[int]:
+        """Token ids of a source sentence (whitespace normalised, EOS appended), as in the ``source`` batches;
+        it may be longer than ``max_source_len``."""
+        return [*self.tokenizer.encode([normalise_whitespace(text)])[0].tolist(), EOS_ID]
+
+    def texts(self, split: Split) -> tuple[list[str], list[str]]:
+        """Raw sources and references of a split, in loader order (position = the batch's ``index``)."""
+        pairs = self.corpus()["splits"][split]
+        kept = self.load_split(split).labels[::2].tolist()
+        return [pairs[i][0] for i in kept], [pairs[i][1] for i in kept]
+
+    def corpus_summary(self) -> dict:
+        """Source, languages, pairs per split, pairs dropped by each filter, normalisations, a content hash."""
+        summary = json.loads(json.dumps(self.corpus()["summary"]))
+        digest = hashlib.sha256()
+        pairs = {}
+        for split in SPLITS:
+            sources, targets = self.texts(split)
+            pairs[split] = len(sources)
+            for source, target in zip(sources, targets, strict=True):
+                digest.update(f"{split}\t{source}\t{target}\n".encode())
+        summary["dropped"]["overlong"] = {split: self.load_split(split).truncated for split in SPLITS}
+        head = {"source": self.source, "source_lang": self.source_lang, "target_lang": self.target_lang}
+        head |= {"pairs": pairs | {"total": sum(pairs.values())}, "content_hash": digest.hexdigest()}
+        return head | summary | {"bpe_vocab_size": self.tokenizer.vocab_size}
+
+    def _loader(self, split: Split) -> DataLoader:
+        dataset = PairDataset(self.load_split(split))
+        num_replicas, rank = self._replicas()
+        train = split == "train"
+        sampler = EpochSampler(
+            dataset,
+            shuffle=train,
+            seed=derive_seed(self.seed, "shuffle"),
+            num_replicas=num_replicas,
+            rank=rank,
+            redraw_per_epoch=train,
+        )
+        pad_to = (self.max_source_len, self.max_target_len) if self.pad_to_max_len else (None, None)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=PairCollate(*pad_to),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

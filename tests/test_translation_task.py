@@ -1,0 +1,171 @@
+"""The translation task (``tasks/translation.py``) end to end through ``zoo fit`` / ``zoo test`` on the
+synthetic pair at tiny sizes, its loss and metrics against their definitions, and the copy baseline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torchmetrics.text import Perplexity
+
+from attention_zoo.seq2seq import causal_cores
+from experiments import cli
+from tasks.base import ConfigError
+from tasks.translation import TranslationTask
+from tasks.translation_metrics import copy_baseline, corpus_scores
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "translation.yaml"
+#: the synthetic pair at a size that builds in well under a second (sources <= 13 tokens with EOS)
+TINY_DATA = [
+    "--data.source", "synthetic", "--data.synthetic_pairs", "300", "--data.synthetic_words", "32",
+    "--data.bpe_vocab_size", "1000", "--data.max_source_len", "16", "--data.max_target_len", "20",
+    "--data.overlong", "error", "--data.batch_size", "8",
+]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def one_thread_and_private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_args(runs: Path) -> list[str]:
+    return ["-c", str(CONFIG), *TINY_DATA] + [
+        "--trainer.max_steps", "4", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "2",
+        "--trainer.limit_test_batches", "2", "--trainer.log_every_n_steps", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.accelerator", "cpu", "--trainer.logger.init_args.save_dir", str(runs),
+        "--model.dim", "16", "--model.depth", "1", "--model.heads", "2", "--model.warmup_steps", "1",
+        "--model.bleu_sentences", "8", "--model.speed_sentences", "4", "--model.samples", "2",
+    ]  # fmt: skip
+
+
+def record(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+DECODER = {"full": "full", "linformer": "linformer_causal", "nystrom": "full"}
+
+
+@pytest.mark.parametrize("attention", ["full", "linformer", "nystrom"])
+def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, caplog):
+    """``zoo fit -c configs/translation.yaml --model.attention NAME`` trains with no other flag (the decoder
+    rule picks the decoder's self-attention), and ``zoo test --ckpt_path last`` reports BLEU."""
+    runs = tmp_path / "runs"
+    args = tiny_args(runs) + ["--model.attention", attention]
+    assert cli.main(["fit", *args]) == 0
+    run_dir = runs / "translation" / attention / "version_0"
+    fitted = record(run_dir)
+    assert fitted["status"] == "finished" and fitted["step"] == 4
+    assert fitted["decoder_attention"]["attention"] == DECODER[attention]
+    assert attention in fitted["decoder_attention"]["rule"]
+    assert fitted["cross_attention"] == {"attention": "full", "options": {}}
+    assert fitted["corpus"]["source"] == "synthetic" and fitted["corpus"]["pairs"]["test"] > 0
+    assert 0 <= fitted["copy_baseline"]["test"]["bleu"] <= 100
+    metrics = fitted["metrics"]
+    assert 0 <= metrics["val/bleu"] <= 100 and 1 < metrics["val/ppl"] < 1000 + 1  # vocabulary 1000: untrained
+    assert fitted["tokens_per_s"] > 0
+    assert f"decoder self-attention: {DECODER[attention]} (" in caplog.text
+
+    assert cli.main(["test", *args, "--ckpt_path", "last"]) == 0
+    assert "test/bleu" in capsys.readouterr().out
+    tested = record(run_dir)["metrics"]  # the fitted run's own record, updated in place
+    assert 0 <= tested["test/bleu"] <= 100 and 0 <= tested["test/chrf"] <= 100
+    assert tested["test/copy_bleu"] == pytest.approx(fitted["copy_baseline"]["test"]["bleu"], rel=1e-6)
+    for search in ("greedy", "beam"):
+        for cache in ("cached", "recomputed"):
+            assert tested[f"test/{search}_{cache}_sentences_per_s"] > 0
+    assert tested["val/bleu"] == metrics["val/bleu"]  # the fit's metrics stay
+
+    if attention == "full":
+        events = EventAccumulator(str(run_dir))
+        events.Reload()
+        tags = set(events.Tags()["tensors"])
+        assert {"val/samples/text_summary", "decoder_attention/text_summary"} <= tags
+        assert {"val/bleu", "val/ppl", "val/loss", "train/loss"} <= set(events.Tags()["scalars"])
+
+
+def test_non_causal_decoder_attention_fails_before_training(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert cli.main(["fit", *tiny_args(runs), "--model.decoder_attention", "linformer"]) == 2
+    error = capsys.readouterr().err
+    assert "zoo fit: error:" in error and "decoder_attention 'linformer' is not causal" in error
+    assert all(name in error for name in causal_cores())
+    assert not any(runs.rglob("*.ckpt")) and not any(runs.rglob("events.*"))
+
+
+def test_task_without_translation_sizes_says_which_data_it_needs():
+    with pytest.raises(ConfigError, match="needs max_source_len, max_target_len from its data module"):
+        TranslationTask(1000, None, None)
+
+
+def test_copy_baseline_command(tmp_path, capsys):
+    assert cli.main(["copy-baseline", "-c", str(CONFIG), *TINY_DATA, "--split", "val"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["split"] == "val" and printed["sentences"] > 0 and 0 <= printed["bleu"] <= 100
+    assert "tok:13a" in printed["bleu_signature"] and printed["corpus"]["source"] == "synthetic"
+
+
+# --- metrics against their definitions --------------------------------------------------------------
+
+
+REFERENCES = ["Die Datei „%s“ wurde nicht gefunden.", "Öffnen, Speichern & Schließen", "Fehler: 3 von 5 Tests!"]
+
+
+def test_bleu_of_the_references_against_themselves_is_100():
+    scores = corpus_scores(REFERENCES, REFERENCES)
+    assert scores["bleu"] == pytest.approx(100.0) and scores["chrf"] == pytest.approx(100.0)
+    assert scores["sentences"] == 3 and "tok:13a" in scores["bleu_signature"]
+    assert corpus_scores(["x y z q"] * 3, REFERENCES)["bleu"] == 0.0
+    with pytest.raises(ValueError, match="2 hypotheses for 3 references"):
+        corpus_scores(REFERENCES[:2], REFERENCES)
+
+
+def test_copy_baseline_scores_the_sources():
+    class Texts:
+        def texts(self, split):
+            return {"test": (REFERENCES, REFERENCES), "val": (["ganz anders"] * 3, REFERENCES)}[split]
+
+    assert copy_baseline(Texts(), "test")["bleu"] == pytest.approx(100.0)
+    assert copy_baseline(Texts(), "val")["bleu"] == 0.0
+    assert copy_baseline(Texts(), "test", limit=2)["sentences"] == 2
+
+
+def test_label_smoothed_loss_matches_its_definition():
+    """(1 - eps) (-log p_y) + eps * mean over the vocabulary of (-log p_v), averaged over real tokens
+    (Szegedy et al. 2016, section 7, with u uniform over the V classes)."""
+    task = TranslationTask(11, 8, 8, dim=16, depth=1, heads=2, label_smoothing=0.1)
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 11, dtype=torch.float64)
+    target = torch.tensor([[3, 5, 2, -100], [7, 2, -100, -100]])
+    log_p = logits - logits.exp().sum(-1, keepdim=True).log()
+    real = target != -100
+    nll = -log_p.gather(-1, target.clamp(min=0)[..., None])[..., 0]
+    expected = ((0.9 * nll + 0.1 * -log_p.mean(-1)) * real).sum() / real.sum()
+    torch.testing.assert_close(task.loss(logits, target), expected)
+
+
+def test_perplexity_is_exp_of_the_token_weighted_nll_without_smoothing():
+    """Batches of different token counts: every token counts once (not the mean of batch means)."""
+    torch.manual_seed(0)
+    metric = Perplexity(ignore_index=-100)
+    batches = [
+        (torch.randn(1, 6, 9), torch.tensor([[1, 2, 3, 4, 5, 6]])),
+        (torch.randn(1, 6, 9), torch.tensor([[7, -100, -100, -100, -100, -100]])),
+    ]
+    total, count = 0.0, 0
+    for logits, target in batches:
+        metric.update(logits, target)
+        real = target != -100
+        total += float(F.cross_entropy(logits[real], target[real], reduction="sum"))
+        count += int(real.sum())
+    assert float(metric.compute()) == pytest.approx(math.exp(total / count), rel=1e-5)
