@@ -1,5 +1,6 @@
-"""LSH attention (Reformer): the chunked implementation against dense float64 references built from the
-definitions in the module docstring, plus causality, padding, seeding, gradients and memory."""
+"""LSH attention (Reformer): the chunked implementation and the decoding cache against dense float64
+references built from the paper's definitions and the authors' trax code (scores, key sets, self rule),
+plus causality, prefix consistency, non-finite input, padding, seeding, gradients and memory."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_zoo as az
-import attention_zoo.lsh as lsh
+import attention_zoo.lsh_kernel as lsh_kernel
 from attention_zoo.masks import pad_mask
 
 EXACT = dict(rtol=0.0, atol=1e-9)  # float64 "unchanged"
@@ -22,8 +23,8 @@ CONFIGS = [
 ]
 
 
-def make(**options) -> az.AttentionCore:
-    return az.create_attention("lsh", dim_head=8, heads=2, **options).double()
+def make(max_seq_len: int | None = 32, **options) -> az.AttentionCore:
+    return az.create_attention("lsh", dim_head=8, heads=2, max_seq_len=max_seq_len, **options).double()
 
 
 def data(b: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,12 +32,30 @@ def data(b: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return (torch.randn(b, 2, n, 8, generator=generator, dtype=torch.float64) for _ in range(2))
 
 
+def trax_scores(q: torch.Tensor) -> torch.Tensor:
+    """The logits of trax ``attend`` with shared QK (trax/layers/research/efficient_attention.py): keys are
+    ``length_normalized`` (x / sqrt(mean(x^2)); its epsilon 1e-6, a guard for zero vectors, left out here),
+    then divided by sqrt(d); ``dots = q k^T`` with q as it comes."""
+    keys = q / q.pow(2).mean(-1, keepdim=True).sqrt() / math.sqrt(q.shape[-1])
+    return q @ keys.transpose(-1, -2)
+
+
+def attention_over(allowed, q, v, real):
+    """Softmax of the trax logits over each query's allowed keys; a query with none attends to itself alone
+    (eq. 16, m_ii = 1e5 -> inf: softmax over {i}, v_i, or NaN when its own score is not finite); padded -> 0."""
+    scores = trax_scores(q)
+    probs = scores.masked_fill(~allowed, -math.inf).softmax(-1)
+    self_score = scores.diagonal(dim1=-2, dim2=-1)[..., None]
+    out = torch.where(allowed.any(-1, keepdim=True), probs @ v, v * (self_score - self_score).exp())
+    return torch.where(real[:, None, :, None], out, 0.0)
+
+
 def key_sets(core, q, real, causal: bool, literal_causal: bool = False, count: bool = False) -> torch.Tensor:
     """U_r A_i^(r) as a dense ``(B, H, N, N)`` bool, straight from the definitions (not from the module's
     interval encoding): same bucket, and chunk window (11) or, causal, 0 < s_i - s_j <= m. ``literal_causal``:
     the paper's (11) restricted to j < i instead; ``count``: how many rounds hold each pair."""
     n = q.shape[2]
-    m, n_buckets = core.chunk_and_buckets(n)
+    m, n_buckets = core.chunk_and_buckets(n, causal)
     padded = -(-n // m) * m
     buckets = core.buckets(F.pad(q, (0, 0, 0, padded - n)), F.pad(real, (0, padded - n), value=False), n_buckets)
     copies = torch.zeros(*q.shape[:2], n, n, dtype=torch.long)
@@ -57,23 +76,38 @@ def key_sets(core, q, real, causal: bool, literal_causal: bool = False, count: b
 
 
 def dense_reference(core, q, v, real, causal):
-    """Softmax over U_r A_i^(r) with keys k_j = q_j / ||q_j||; o_i = v_i when the set is empty; padded -> 0."""
-    allowed = key_sets(core, q, real, causal)
-    scores = q @ F.normalize(q, dim=-1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    probs = scores.masked_fill(~allowed, -math.inf).softmax(-1).nan_to_num(0.0)
-    out = torch.where(allowed.any(-1, keepdim=True), probs @ v, v)
-    return out * real[:, None, :, None]
+    return attention_over(key_sets(core, q, real, causal), q, v, real)
 
 
 def full_shared_qk_reference(q, v, real, causal):
-    """Full attention with shared QK, normalised keys and the self-mask (self only when nothing else is left)."""
+    """Full attention with shared QK, trax's keys and the self-mask (self only when nothing else is left)."""
     n = q.shape[2]
     allowed = real[:, None, None, :] & ~torch.eye(n, dtype=torch.bool)
     if causal:
         allowed &= torch.ones(n, n, dtype=torch.bool).tril()
-    scores = q @ F.normalize(q, dim=-1).transpose(-1, -2) / math.sqrt(q.shape[-1])
-    probs = scores.masked_fill(~allowed, -math.inf).softmax(-1).nan_to_num(0.0)
-    return torch.where(allowed.any(-1, keepdim=True), probs @ v, v) * real[:, None, :, None]
+    return attention_over(allowed, q, v, real)
+
+
+def decode_in_steps(core, q, v, mask, step: int) -> torch.Tensor:
+    state, outs = core.start_decoding(), []
+    for start in range(0, q.shape[2], step):
+        part = slice(start, start + step)
+        outs.append(core.decode(q[:, :, part], q[:, :, part], v[:, :, part], state, mask=mask[:, part]))
+    return torch.cat(outs, dim=2)
+
+
+def test_the_score_is_q_dot_unit_key_with_no_further_scale():
+    """By hand: one bucket, one chunk; q_0 = 3 e_1 sees k_1 = e_1 and k_2 = -e_1, so its weights are
+    softmax(3, -3) = (sigmoid(6), sigmoid(-6)) in trax; the old extra 1/sqrt(8) gave sigmoid(6 / sqrt(8)) = 0.89."""
+    q = torch.zeros(1, 2, 3, 8, dtype=torch.float64)
+    q[..., 0] = torch.tensor([3.0, 0.5, -2.0], dtype=torch.float64)
+    v = torch.randn(1, 2, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = make(n_buckets=1, chunk_size=3)(q, q, v)
+    sigmoid = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected_0 = sigmoid(6.0) * v[:, :, 1] + sigmoid(-6.0) * v[:, :, 2]  # q_0 . (k_1 - k_2) = 6
+    expected_1 = sigmoid(1.0) * v[:, :, 0] + sigmoid(-1.0) * v[:, :, 2]  # q_1 . (k_0 - k_2) = 1
+    torch.testing.assert_close(out[:, :, 0], expected_0, **TIGHT)
+    torch.testing.assert_close(out[:, :, 1], expected_1, **TIGHT)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -92,10 +126,7 @@ def test_one_bucket_causal_chunks_are_a_sliding_window():
     real = torch.ones(2, 30, dtype=torch.bool)
     out = make(n_hashes=2, n_buckets=1, chunk_size=4)(q, q, v, causal=True)
     band = torch.ones(30, 30, dtype=torch.bool).tril(-1) & ~torch.ones(30, 30, dtype=torch.bool).tril(-5)
-    scores = q @ F.normalize(q, dim=-1).transpose(-1, -2) / math.sqrt(8)
-    probs = scores.masked_fill(~band, -math.inf).softmax(-1).nan_to_num(0.0)
-    expected = torch.where(band.any(-1, keepdim=True), probs @ v, v) * real[:, None, :, None]
-    torch.testing.assert_close(out, expected, **TIGHT)
+    torch.testing.assert_close(out, attention_over(band.expand(2, 2, 30, 30), q, v, real), **TIGHT)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -114,8 +145,9 @@ def test_rounds_share_pairs_so_deduplication_is_exercised():
     q, _ = data(2, 29, seed=1)
     real = pad_mask(torch.tensor([29, 23]), 29)
     core = make(**CONFIGS[2])
-    copies = key_sets(core, q, real, False, count=True)
-    assert (copies > 1).sum() > 50  # pairs summed in several rounds, each counted once in the union
+    for causal in (False, True):
+        copies = key_sets(core, q, real, causal, count=True)
+        assert (copies > 1).sum() > 50  # pairs summed in several rounds, each counted once in the union
 
 
 def test_hash_is_argmax_of_signed_random_rotations():
@@ -130,10 +162,46 @@ def test_hash_is_argmax_of_signed_random_rotations():
     assert (buckets[1, ..., 9:] == 6).all()  # padded tokens: the sentinel bucket after every real one
 
 
+def test_bucket_count_and_chunk_follow_the_documented_rule():
+    """Non-causal: from the sequence length L = N (the paper's rule); causal: from L = max_seq_len, so that
+    a prefix sees the buckets of the whole sequence. n_buckets = max(2, 2 floor(L' / (2 bucket_size)))."""
+    core = make(max_seq_len=64, bucket_size=4)
+    assert core.chunk_and_buckets(17, causal=False) == (4, 4)  # L' = 20
+    assert core.chunk_and_buckets(40, causal=False) == (4, 10)
+    assert core.chunk_and_buckets(17, causal=True) == core.chunk_and_buckets(40, causal=True) == (4, 16)
+    # n_buckets alone: m = min(L, 2 ceil(L / n_buckets))
+    assert make(max_seq_len=64, n_buckets=4).chunk_and_buckets(10, causal=False) == (6, 4)
+    assert make(max_seq_len=64, n_buckets=4).chunk_and_buckets(10, causal=True) == (32, 4)
+
+
+@pytest.mark.parametrize("options", [{"bucket_size": 4}, {"n_buckets": 4}], ids=str)
+def test_causal_prefix_keeps_its_buckets_and_chunks(options):
+    """A causal prefix gives the outputs of the whole sequence at its positions (not just no leak)."""
+    q, v = data(2, 60, seed=12)
+    core = make(max_seq_len=64, n_hashes=2, **options)
+    out = core(q, q, v, causal=True)
+    for cut in (5, 23, 41):
+        torch.testing.assert_close(core(q[:, :, :cut], q[:, :, :cut], v[:, :, :cut], causal=True), out[:, :, :cut])
+
+
+def test_causal_without_max_seq_len_needs_n_buckets_and_chunk_size():
+    q, v = data(1, 12)
+    for options in ({"bucket_size": 4}, {"n_buckets": 4}):
+        core = make(max_seq_len=None, **options)
+        core(q, q, v)  # non-causal: the paper's rule per length
+        with pytest.raises(ValueError, match="build it with max_seq_len, or give n_buckets and chunk_size"):
+            core(q, q, v, causal=True)
+        with pytest.raises(ValueError, match="build it with max_seq_len"):
+            core.start_decoding()
+    core = make(max_seq_len=None, n_buckets=4, chunk_size=3)
+    real = torch.ones(1, 12, dtype=torch.bool)
+    torch.testing.assert_close(core(q, q, v, causal=True), dense_reference(core, q, v, real, True), **TIGHT)
+
+
 @pytest.mark.parametrize("options", CONFIGS, ids=str)
 def test_causal_output_never_depends_on_later_tokens(options):
     q, v = data(2, 100, seed=2)
-    core = make(**options)
+    core = make(max_seq_len=100, **options)
     out = core(q, q, v, causal=True)
     generator = torch.Generator().manual_seed(3)
     for cut in (1, 7, 33, 50, 64, 99):
@@ -145,7 +213,7 @@ def test_causal_output_never_depends_on_later_tokens(options):
 
 def test_the_papers_causal_chunks_would_leak_the_future():
     """Why the causal key set is not (11) n {j < i}: there, later tokens move chunk boundaries."""
-    core = make(n_hashes=1, n_buckets=4, chunk_size=4)
+    core = make(max_seq_len=48, n_hashes=1, n_buckets=4, chunk_size=4)
     q, _ = data(1, 48, seed=4)
     real = torch.ones(1, 48, dtype=torch.bool)
     cut, leaks = 24, 0
@@ -157,6 +225,67 @@ def test_the_papers_causal_chunks_would_leak_the_future():
         leaks += int(not torch.equal(*literal))
         assert torch.equal(*ours)
     assert leaks > 0
+
+
+@pytest.mark.parametrize("step", [1, 4])
+@pytest.mark.parametrize("options", CONFIGS, ids=str)
+def test_decoding_matches_the_dense_causal_reference(options, step):
+    """The decoding cache against the definitions (not against the forward), with padding and with pairs
+    that recur across rounds (counted once)."""
+    q, v = data(3, 29, seed=13)
+    mask = torch.ones(3, 29, dtype=torch.bool)
+    mask[0, :3], mask[1, 20:], mask[2, 8:13] = False, False, False
+    core = make(**options)
+    torch.testing.assert_close(
+        decode_in_steps(core, q, v, mask, step), dense_reference(core, q, v, mask, True), **TIGHT
+    )
+
+
+def test_decoding_state_is_a_fixed_ring_per_round_and_bucket():
+    """Memory per sequence does not grow with its length: n_hashes (n_buckets + 1) chunk_size slots per head."""
+    core = make(max_seq_len=64, n_hashes=2, bucket_size=4)
+    m, n_buckets = core.chunk_and_buckets(64, causal=True)
+    q, v = data(2, 64, seed=14)
+    state, sizes = core.start_decoding(), set()
+    for t in range(64):
+        core.decode(q[:, :, t : t + 1], q[:, :, t : t + 1], v[:, :, t : t + 1], state)
+        sizes.add(tuple(x.numel() for x in (state.positions, state.keys, state.values, state.written)))
+    slots = 2 * 2 * 2 * (n_buckets + 1) * m  # batch x heads x rounds x slots
+    assert sizes == {(slots, slots * 8, slots * 8, 2 * 2 * 2 * (n_buckets + 1))}
+    assert (state.positions >= 0).sum() < 2 * 2 * 2 * 64  # old tokens left the rings
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_nan_query_gives_nan_wherever_it_is_seen(causal):
+    """Issue 15: q[0, 0, 3, 0] = NaN once hid itself (its row returned v_3, finite). Now o_3 is NaN, as is
+    every output whose key set holds token 3; every other output equals the reference."""
+    q, v = data(2, 32, seed=15)
+    q[0, 0, 3, 0] = math.nan
+    real = torch.ones(2, 32, dtype=torch.bool)
+    core = make(n_hashes=2, bucket_size=4)
+    out = core(q, q, v, causal=causal)
+    sees_3 = key_sets(core, q, real, causal)[0, 0, :, 3]
+    assert out[0, 0, 3].isnan().all() and sees_3.any()
+    assert torch.equal(out[0, 0].isnan().any(-1), sees_3 | (torch.arange(32) == 3))
+    assert torch.isfinite(out[0, 1]).all() and torch.isfinite(out[1]).all()
+    torch.testing.assert_close(out, dense_reference(core, q, v, real, causal), equal_nan=True, **TIGHT)
+    if causal:
+        torch.testing.assert_close(decode_in_steps(core, q, v, real, 3), out, equal_nan=True, **TIGHT)
+
+
+def test_a_nan_query_alone_with_itself_is_nan():
+    q, v = data(1, 6, seed=16)
+    q[0, 1, 0, 2] = math.nan  # token 0, causal: no earlier token, so it attends to itself alone
+    core = make(n_buckets=1, chunk_size=6)
+    out = core(q, q, v, causal=True)
+    assert out[0, 1, 0].isnan().all() and torch.isfinite(out[0, 0]).all()
+    torch.testing.assert_close(decode_in_steps(core, q, v, torch.ones(1, 6, dtype=torch.bool), 1), out, equal_nan=True)
+
+
+def test_integer_inputs_are_refused():
+    q, v = data(1, 8)
+    with pytest.raises(ValueError, match=r"must be floating point .*got torch.int64"):
+        make(n_hashes=2, bucket_size=4)(q.long(), q.long(), v.long())
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -205,9 +334,9 @@ def test_custom_backward_matches_finite_differences(causal, monkeypatch):
     q.requires_grad_(True)
     v.requires_grad_(True)
     real = pad_mask(torch.tensor([11, 8]), 11)
-    core = make(n_hashes=3, bucket_size=2)
+    core = make(max_seq_len=12, n_hashes=3, bucket_size=2)
     assert torch.autograd.gradcheck(lambda q, v: core(q, q, v, mask=real, causal=causal), (q, v), fast_mode=True)
-    monkeypatch.setattr(lsh, "BLOCK_PAIRS", 8)  # one chunk of one row per block
+    monkeypatch.setattr(lsh_kernel, "BLOCK_PAIRS", 8)  # one chunk of one row per block
     assert torch.autograd.gradcheck(lambda q, v: core(q, q, v, mask=real, causal=causal), (q, v), fast_mode=True)
 
 
@@ -215,10 +344,10 @@ def test_custom_backward_matches_finite_differences(causal, monkeypatch):
 def test_block_size_does_not_change_the_result(causal, monkeypatch):
     q, v = data(3, 40, seed=10)
     real = pad_mask(torch.tensor([40, 31, 3]), 40)
-    core = make(n_hashes=3, bucket_size=4)
+    core = make(max_seq_len=40, n_hashes=3, bucket_size=4)
     out = core(q, q, v, mask=real, causal=causal)
     for pairs in (32, 96, 2**12):  # one chunk, a few chunks of one row, whole rows
-        monkeypatch.setattr(lsh, "BLOCK_PAIRS", pairs)
+        monkeypatch.setattr(lsh_kernel, "BLOCK_PAIRS", pairs)
         torch.testing.assert_close(core(q, q, v, mask=real, causal=causal), out, **EXACT)
 
 
