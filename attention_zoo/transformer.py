@@ -89,6 +89,16 @@ class _Backbone(nn.Module):
         """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``."""
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, N) integer ids, got shape {tuple(tokens.shape)}")
+        if tokens.dtype not in (torch.long, torch.int):
+            raise ValueError(f"tokens must be integer ids (torch.long or torch.int), got {tokens.dtype}")
+        vocab_size = self.token_embedding.num_embeddings
+        if tokens.numel() and not torch.compiler.is_compiling():  # one min/max per batch; no graph break
+            low, high = (int(v) for v in torch.aminmax(tokens))
+            if low < 0 or high >= vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"token id {bad} is out of range for vocab_size={vocab_size}: ids must be in [0, {vocab_size - 1}]"
+                )
         positions = self.position_embedding(tokens.shape[1], start)
         return self.embedding_dropout(self.token_embedding(tokens) + positions)
 

@@ -12,21 +12,27 @@ flags take comma-separated values; a mechanism config is ``name:opt=value,opt=va
 project has a target for it, else its defaults, else its first example config (tiny: a test config).
 ``full`` (SDPA backend) is added as the baseline when the sweep lacks it. A rerun with the same
 ``--out`` resumes: cases already in ``results.jsonl`` are skipped (``--retry-failed`` redoes failures).
+
+Nothing runs (and ``--out`` is not created) until the whole sweep is valid: a bad setting, an entry its
+mechanism rejects at every size, or a sweep of no case at all ends ``zoo bench`` with exit code 2 and
+one line per problem.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from typing import Any
 
 import torch
+import yaml
 from rich.markdown import Markdown
 
 import attention_zoo as az
 from experiments import bench_tables, targets
-from experiments.bench_cases import AttentionSpec, BenchConfig, expand, load_config
+from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
 from experiments.bench_report import write_outputs
 from experiments.bench_runner import Runner
 from experiments.bench_store import ResultStore
@@ -37,7 +43,11 @@ ALIASES = {"modes": "--mode", "dtypes": "--dtype", "levels": "--level"}
 
 
 def _comma_list(item: type) -> Any:
-    return lambda text: [item(v) for v in text.split(",") if v]
+    def parse(text: str) -> list[Any]:
+        return [item(v) for v in text.split(",") if v]
+
+    parse.__name__ = f"comma-separated {item.__name__}"  # argparse's "invalid ... value" names it
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,20 +113,49 @@ def with_baseline(config: BenchConfig) -> BenchConfig:
     return dataclasses.replace(config, attentions=[AttentionSpec("full"), *config.attentions])
 
 
+def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConfig, list[Case], set[str] | None]:
+    """The validated sweep and its cases (and, with ``--check-targets``, the mechanisms named); raises
+    ``ValueError`` listing every problem, before anything has run or been written."""
+    config = load_config(args.config, overrides)
+    names = None
+    if args.check_targets:
+        names = {s.attention for s in config.attentions} if "attentions" in overrides else None
+        unknown = sorted(n for n in names or () if n not in az.list_attentions())
+        if unknown:
+            raise ValueError(f"unknown attention(s) {unknown}; known: {', '.join(az.list_attentions())}")
+        if not targets.selected(names):
+            have = ", ".join(sorted({t.attention for t in targets.TARGETS}))
+            raise ValueError(f"no performance target for {sorted(names or [])}; targets exist for: {have}")
+        return config, [c for t in config.threads for c in targets.target_cases(names, t)], names
+    config = with_baseline(config)
+    problems = invalid_entries(config)
+    if problems:
+        raise ValueError(
+            f"{len(problems)} invalid attention entr{'y' if len(problems) == 1 else 'ies'}, nothing was run:\n  "
+            + "\n  ".join(problems)
+        )
+    cases = expand(config, resolve_device(config.device))
+    if not cases:
+        bounds = ", ".join(f"{s.label} [{s.min_seq_len}, {s.max_seq_len or 'any'}]" for s in config.attentions)
+        raise ValueError(f"the sweep has no case: no attention applies to seq_lens {config.seq_lens} ({bounds})")
+    for spec in config.attentions:
+        if not any(spec.fits(n) for n in config.seq_lens):
+            bounds = f"[{spec.min_seq_len}, {spec.max_seq_len or 'any'}]"
+            console().print(f"skipping {spec.label}: no n of seq_lens {config.seq_lens} lies in its {bounds}")
+    return config, cases, names
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in fields}
-    config = load_config(args.config, overrides)
+    try:
+        config, cases, names = plan(args, overrides)
+    except (ValueError, OSError, yaml.YAMLError) as error:  # OSError, YAMLError: an unreadable --config file
+        print(f"zoo bench: error: {error}", file=sys.stderr)
+        return 2
     out = console()
-    if args.check_targets:
-        names = {s.attention for s in config.attentions} if "attentions" in overrides else None
-        cases = [c for t in config.threads for c in targets.target_cases(names, t)]
-        device = "cpu"
-    else:
-        config = with_baseline(config)
-        device = resolve_device(config.device)
-        cases = expand(config, device)
+    device = "cpu" if args.check_targets else resolve_device(config.device)
     args.out = args.out or ("runs/targets" if args.check_targets else "runs/bench")
     store = ResultStore(args.out)
     if not args.report_only:

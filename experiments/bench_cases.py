@@ -13,6 +13,10 @@ by the decoder rule, the decoder; cross-attention ``full``; n source tokens). Mo
 (greedy decoding of n target tokens with the decoding cache) and ``decode-recompute`` (the same, the
 decoder recomputed over the whole prefix at every step); EOS is never generated, so every case decodes
 exactly n tokens per sequence.
+
+A sweep is checked before anything runs: every setting has its type and range (:class:`BenchConfig`),
+every entry is built (on the ``meta`` device: no memory) at the sizes it will run at
+(:func:`invalid_entries`), and a sweep that expands to no case is refused by ``zoo bench``.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
+
+import attention_zoo as az
 
 Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
 Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute"]
@@ -89,6 +98,9 @@ def attention_spec(entry: str | dict[str, Any]) -> list[AttentionSpec]:
             f"attention entry {entry!r}: expected keys attention, options, min_seq_len, max_seq_len"
             + (f"; unknown {sorted(unknown)}" if unknown else "")
         )
+    bounds = [entry.get("min_seq_len", 1), entry.get("max_seq_len")]
+    if not isinstance(entry.get("options", {}), dict) or not all(_is_a(b, int) for b in bounds if b is not None):
+        raise ValueError(f"attention entry {entry!r}: options must be a mapping, min_seq_len and max_seq_len ints")
     return [AttentionSpec(**entry)]
 
 
@@ -134,10 +146,28 @@ class BenchConfig:
     )
 
     def __post_init__(self) -> None:
+        for spec in dataclasses.fields(self):
+            _check_type(spec.name, getattr(self, spec.name), typing.get_type_hints(BenchConfig)[spec.name])
         for name, allowed in (("levels", LEVELS), ("modes", MODES), ("dtypes", DTYPES)):
             bad = [v for v in getattr(self, name) if v not in allowed]
             if bad:
                 raise ValueError(f"{name}: {bad} not among {', '.join(allowed)}")
+        for name in ("seq_lens", "batch", "heads", "dim_head", "threads", "levels", "modes", "dtypes"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty: the sweep would run no case")
+        for name in ("seq_lens", "batch", "heads", "dim_head", "threads"):
+            bad = [v for v in getattr(self, name) if v < 1]
+            if bad:
+                raise ValueError(f"{name}: {bad} must be >= 1")
+        for name in ("depth", "ff_mult", "vocab_size", "max_batch_cap", "dim"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name in ("case_timeout_s", "search_timeout_s", "memory_budget_gb"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                unset = " (or unset for the default)" if name == "memory_budget_gb" else ""
+                raise ValueError(f"{name} must be a number > 0{unset}, got {value}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         if self.isolation not in ("process", "none"):
@@ -146,6 +176,64 @@ class BenchConfig:
             raise ValueError(f"modes {', '.join(DECODE_MODES)} decode with an encoder-decoder: add level seq2seq")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
+        if self.max_batch and self.isolation != "process":
+            raise ValueError("the max-batch search needs isolation: process (a probe may run out of memory)")
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """``value`` fits ``hint``: a list of one type, a type, or a type or None (the kinds of hints
+    :class:`BenchConfig` has). A YAML file can hold anything, so the sweep checks."""
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ValueError(f"{name} must be a list of {item.__name__}, got {value!r}")
+        for element in value:
+            _check_type(name, element, item)
+        return
+    kinds = [kind for kind in typing.get_args(hint) or (hint,) if kind is not type(None)]
+    if value is None and type(None) in typing.get_args(hint):
+        return
+    if not any(_is_a(value, kind) for kind in kinds):
+        raise ValueError(f"{name} must be {' or '.join(kind.__name__ for kind in kinds)}, got {value!r}")
+
+
+def _is_a(value: Any, kind: type) -> bool:
+    if kind is bool or isinstance(value, bool):  # True is an int to Python, not to a sweep
+        return kind is bool and isinstance(value, bool)
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def invalid_entries(config: BenchConfig) -> list[str]:
+    """One line per attention entry of the sweep that cannot run at all: an unknown name, an unknown or
+    ill-typed option, or options its mechanism rejects at every (heads, dim_head, seq_len) it applies to
+    (a size-dependent refusal, e.g. Linformer's k > n at the shortest n only, is recorded per case
+    instead). Entries that apply to no sequence length of the sweep are not checked: they do not run."""
+    problems = []
+    for spec in config.attentions:
+        if spec.attention not in az.list_attentions():
+            problems.append(
+                f"{spec.label}: unknown attention {spec.attention!r}; known: {', '.join(az.list_attentions())}"
+            )
+            continue
+        sizes = itertools.product(config.heads, config.dim_head, [n for n in config.seq_lens if spec.fits(n)])
+        errors = [_build_error(spec, heads, dim_head, n) for heads, dim_head, n in sizes]
+        if errors and all(errors):
+            problems.append(f"{spec.label}: {errors[0]}")
+    return problems
+
+
+def _build_error(spec: AttentionSpec, heads: int, dim_head: int, n: int) -> str | None:
+    """Why the core cannot be built at this size (its ``ValueError``), or None if it can. Built on the
+    ``meta`` device, so a large Linformer projection costs nothing; any other exception is the runner's
+    to record, not a sign of bad options."""
+    try:
+        with torch.device("meta"):
+            az.create_attention(spec.attention, dim_head=dim_head, heads=heads, max_seq_len=n, **spec.options)
+    except ValueError as error:
+        return f"{error} (at heads={heads}, dim_head={dim_head}, n={n})"
+    except Exception:  # not a verdict on the options: the runner records it per case
+        return None
+    return None
 
 
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> BenchConfig:
@@ -153,6 +241,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> BenchConf
     values: dict[str, Any] = {}
     if path is not None:
         values = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of settings, got {type(values).__name__}")
         known = {f.name for f in dataclasses.fields(BenchConfig)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -14,6 +14,7 @@ data is read or any step is taken. Batches follow the data contract (``tasks/dat
 from __future__ import annotations
 
 import math
+import zipfile
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -239,18 +240,46 @@ def flatten_hparams(params: dict[str, Any], prefix: str = "") -> dict[str, bool 
     return flat
 
 
+def read_checkpoint(path: str | Path, option: str) -> dict[str, Any]:
+    """The Lightning checkpoint at ``path``, or :class:`ConfigError` naming ``option`` and the file when
+    there is no such file or it is not a readable checkpoint (empty, truncated, random bytes).
+
+    Loaded with ``weights_only=True``: tensors and plain containers only, no pickled code runs. The
+    tensors of a zip-format file (what ``torch.save`` and Lightning write) are memory-mapped, so checking
+    a large checkpoint reads little more than its pickle.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"{option}: no checkpoint file at {str(path)!r}" + (" (a directory)" if file.is_dir() else "")
+        )
+    is_zip = zipfile.is_zipfile(file)
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=is_zip)
+    except Exception as error:  # whatever the bytes are, the answer is the same: not a checkpoint
+        if file.stat().st_size == 0:
+            reason = "the file is empty"
+        elif not is_zip:
+            reason = "not a torch checkpoint, or truncated"
+        else:
+            reason = "damaged, or it holds objects other than tensors and plain containers"
+        raise ConfigError(
+            f"{option}: {str(path)!r} is not a readable checkpoint ({reason}; {type(error).__name__}); "
+            "give a .ckpt file that Lightning wrote, e.g. <run>/checkpoints/last.ckpt"
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise ConfigError(f"{option}: {str(path)!r} is not a Lightning checkpoint (no 'state_dict')")
+    return checkpoint
+
+
 def load_encoder(task: EncoderTask, path: str) -> None:
     """Copy the ``encoder.*`` weights of a Lightning checkpoint into ``task.encoder``.
 
-    Loaded with ``weights_only=True``: tensors and plain containers only, no pickled code runs.
-    Raises :class:`ConfigError` naming the attention names, or every missing, unexpected and
-    mis-shaped key, when the checkpoint's encoder is not this encoder.
+    Read by :func:`read_checkpoint` (no pickled code runs). Raises :class:`ConfigError` naming the file
+    when it is not a readable checkpoint, and naming the attention names, or every missing, unexpected
+    and mis-shaped key, when the checkpoint's encoder is not this encoder.
     """
-    if not Path(path).is_file():
-        raise ConfigError(f"init_from: no checkpoint file at {path!r}")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
-        raise ConfigError(f"init_from: {path!r} is not a Lightning checkpoint (no 'state_dict')")
+    checkpoint = read_checkpoint(path, "init_from")
     saved = checkpoint.get("hyper_parameters", {})
     theirs, ours = saved.get("attention"), task.hparams.attention
     if theirs is not None and theirs != ours:

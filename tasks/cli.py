@@ -14,21 +14,32 @@ TensorBoard logger of the configs, a run logs to ``<save_dir>/<name>/<attention>
 ``config.yaml``, ``run.json``, ``checkpoints/``), so ``tensorboard --logdir <save_dir>/<name>`` overlays
 the mechanisms of one task; ``--ckpt_path last`` continues the newest ``version_<n>`` of that mechanism.
 Setting ``--trainer.logger.init_args.version`` logs to ``<save_dir>/<name>/<version>/`` exactly.
+
+Checked before anything is built or written (each failure is one ``zoo <command>: error:`` line, exit
+code 2, and no run folder): a ``--ckpt_path`` file must be a readable Lightning checkpoint whose
+attention and options are the model's (``zoo test --ckpt_path full.ckpt --model.attention local`` is
+refused, not silently run with the checkpoint's weights under another mechanism); ``zoo fit`` refuses
+``--trainer.max_steps 0`` and ``--trainer.max_epochs 0`` (a run that would stop before its first step);
+every logger's ``save_dir`` must be a directory this process can write in (or creatable in one).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
+import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from tasks import classification, data, token_prediction, translation  # noqa: F401  (short class names in configs)
-from tasks.base import ConfigError, ZooTask
+from tasks.base import ConfigError, ZooTask, read_checkpoint
 from tasks.callbacks import SaveConfigToRun
+from tasks.data.base import DataError
 
 #: sizes set once on the data module and linked into the model: the encoder tasks take vocab_size,
 #: max_seq_len and num_classes, the translation task vocab_size, max_source_len and max_target_len. A link
@@ -36,6 +47,8 @@ from tasks.callbacks import SaveConfigToRun
 #: target ignores it, so one list serves every pair of task and data module; a task paired with data that
 #: lacks one of its sizes gets None and says so (TranslationTask), or fails its target check at setup.
 LINKED = ("vocab_size", "max_seq_len", "num_classes", "max_source_len", "max_target_len")
+#: ``--ckpt_path`` values that Lightning resolves itself (they name no file here)
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 
 
 class ZooCLI(LightningCLI):
@@ -71,9 +84,79 @@ class ZooCLI(LightningCLI):
                 raise ConfigError(str(root)) from error
             raise
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        # next, LightningCLI overwrites the model's settings with a --ckpt_path file's hyperparameters,
+        # silently: the file and its attention are checked against the configured ones before that
+        subcommand = self.config.get("subcommand")
+        if subcommand is not None:
+            check_checkpoint(self.config[subcommand].get("ckpt_path"), self.config[subcommand].model.init_args)
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "fit":
+            check_training_length(config.trainer)
         place_run(config.trainer.logger, config.model.init_args.attention, resume=config.get("ckpt_path") == "last")
+        for logger in _listed(config.trainer.logger):
+            init = getattr(logger, "init_args", None)
+            if init is not None and init.get("save_dir") is not None:
+                check_writable(Path(init.save_dir) / (init.get("name") or ""), init.save_dir)
+
+
+def check_checkpoint(ckpt_path: str | None, model: Any) -> None:
+    """A ``--ckpt_path`` naming a file must be a readable checkpoint trained with the configured attention
+    and options (from the config file or the flags). Lightning would otherwise take the checkpoint's,
+    so ``--model.attention local`` with a ``full`` checkpoint would report full attention's numbers as
+    local's. Testing another mechanism's checkpoint therefore needs its ``--model.attention`` (the error
+    gives the flags)."""
+    if ckpt_path is None or not _names_a_file(str(ckpt_path)):
+        return
+    saved = read_checkpoint(ckpt_path, "--ckpt_path").get("hyper_parameters", {})
+    theirs, their_options = saved.get("attention"), saved.get("attention_options") or {}
+    ours, our_options = model.attention, dict(model.get("attention_options") or {})
+    if theirs is not None and (theirs, their_options) != (ours, our_options):
+        flags = f"--model.attention {theirs} --model.attention_options '{json.dumps(their_options)}'"
+        raise ConfigError(
+            f"--ckpt_path {str(ckpt_path)!r} was trained with attention {theirs!r} options {their_options}, but the "
+            f"model is configured with attention {ours!r} options {our_options}; to use this checkpoint, pass {flags}"
+        )
+
+
+def _names_a_file(ckpt_path: str) -> bool:
+    """Whether Lightning reads ``ckpt_path`` as a local file (not ``last``, ``best``, ``hpc``, a model
+    registry name or a URL)."""
+    return ckpt_path not in SPECIAL_CKPT_PATHS and not ckpt_path.startswith("registry") and "://" not in ckpt_path
+
+
+def check_training_length(trainer: Any) -> None:
+    """``max_steps`` / ``max_epochs`` of 0 (or below Lightning's -1 = unlimited) would "finish" at once,
+    with exit code 0 and no checkpoint."""
+    for name, value in (("max_steps", trainer.get("max_steps")), ("max_epochs", trainer.get("max_epochs"))):
+        if value is not None and (value == 0 or value < -1):
+            raise ConfigError(
+                f"--trainer.{name} {value}: a run would stop before its first step and save nothing; "
+                f"give {name} >= 1, or -1 for no limit"
+            )
+
+
+def check_writable(target: Path, save_dir: str) -> None:
+    """Refuse a run directory ``target`` (under a logger's ``save_dir``) that cannot be created: its nearest
+    existing ancestor must be a directory this process can create files in. Probed by creating (and at
+    once deleting) a file there, since permission bits say nothing to root and nothing of read-only mounts."""
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    where = f"save_dir {save_dir!r}"
+    if not existing.is_dir():
+        raise ConfigError(f"{where}: cannot create {str(target)!r}: {str(existing)!r} is a file, not a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as error:
+        raise ConfigError(f"{where}: cannot write in {str(existing)!r} ({error.strerror})") from None
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def place_run(logger: object, attention: str, *, resume: bool) -> None:
@@ -110,7 +193,7 @@ def run(subcommand: str, argv: list[str]) -> int:
             # argv always comes explicitly (from `zoo` or from tests); Lightning warns when sys.argv has args too
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
             ZooCLI([subcommand, *argv])
-    except ConfigError as error:
+    except (ConfigError, DataError) as error:  # DataError: raised while the data is read, inside the Trainer
         print(f"zoo {subcommand}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -47,6 +47,12 @@ CACHE_FORMAT = 2  # bump when the stored layout or any generator changes
 log = logging.getLogger(__name__)
 
 
+class DataError(ValueError):
+    """Data that cannot be used as asked (a file that does not parse, an empty text, an unknown label, a
+    text too long): the message names the file and line, or the example, and what to change. ``zoo fit``
+    prints it as a one-line error."""
+
+
 def default_cache_dir() -> Path:
     """``$ZOO_CACHE`` if set, else ``~/.cache/attention-zoo``."""
     return Path(os.environ.get("ZOO_CACHE") or Path.home() / ".cache" / "attention-zoo")

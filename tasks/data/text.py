@@ -12,24 +12,37 @@ Sources (exactly one):
 
 A split without a source (val, test) is carved from train (``val_fraction``, ``test_fraction``), seeded.
 Labels are mapped to ids in the order of ``labels`` if given, else sorted (numerically if all are
-integers) as found in the training split; ``label_names`` exposes the mapping.
+integers) as found in the training split; ``label_names`` exposes the mapping. Labels of files and
+datasets are read as text with surrounding spaces dropped, numbers in one spelling (``" 1"``, ``"1.0"``,
+``1`` and ``"1"`` are all label ``"1"``; merged spellings are reported in a warning); folder names are
+taken as they are.
+
+Files are decoded with ``encoding`` (default UTF-8, a leading byte-order mark dropped). Every problem in
+a file is a :class:`~tasks.data.base.DataError` naming the file and its line (a folder source: the file):
+bytes that are not valid in ``encoding`` or a NUL character (binary data), a line that is not valid
+JSON or not a JSON object, a missing column, an empty label, a text that is not a string. A text that is
+missing, JSON ``null`` or empty is an error too, unless ``empty_text="skip"`` drops such rows (their
+count and places are reported in a warning).
 
 Tokenizers (``byte``, ``bpe``, ``wordpiece``) live in :mod:`tasks.data.tokenize`.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
+import io
 import json
+import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, cache_file, derive_seed
+from tasks.data.base import SPLITS, DataError, Sequences, Split, ZooDataModule, cache_file, derive_seed
 from tasks.data.tokenize import (
     CLS_ID,
     PAD_ID,
@@ -40,9 +53,74 @@ from tasks.data.tokenize import (
 )
 
 Truncation = Literal["error", "keep_head", "keep_tail"]
+EmptyText = Literal["error", "skip"]
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
 UNLABELLED_FOLDERS = {"unsup"}
 Record = tuple[str, str]  # (text, label name)
+
+
+def normalise_label(value: Any) -> str:
+    """A label as text: surrounding spaces dropped, a number in one spelling (``" 1"``, ``"1.0"``, ``1``
+    -> ``"1"``; ``"0.50"`` -> ``"0.5"``); anything else unchanged."""
+    label = str(value).strip()
+    for parse in (int, float):
+        try:
+            number = parse(label)
+        except ValueError:
+            continue
+        if isinstance(number, float):
+            if not math.isfinite(number):
+                return label
+            return str(int(number)) if number.is_integer() else repr(number)
+        return str(number)
+    return label
+
+
+def decode_file(path: Path, encoding: str) -> str:
+    """The text of ``path``; :class:`DataError` naming the file and line of the first byte that is not
+    valid in ``encoding``, or of a NUL character (binary data)."""
+    data = path.read_bytes()
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataError(
+            f"{str(path)!r} line {line}: not valid {encoding} (byte {data[error.start]:#04x}: {error.reason}); "
+            f"set the data module's encoding to the file's, e.g. encoding='latin-1'"
+        ) from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise DataError(f"{str(path)!r} line {line}: a NUL character: binary data, not {encoding} text")
+    return text.removeprefix("\ufeff")
+
+
+class EmptyTexts:
+    """Applies ``empty_text`` to the texts of one source: an empty one (missing, JSON null or '') raises
+    :class:`DataError` naming its place, or is counted and skipped, then reported by :meth:`report`."""
+
+    def __init__(self, policy: EmptyText, source: str) -> None:
+        self.policy, self.source, self.skipped = policy, source, []
+
+    def keep(self, text: Any, place: str) -> bool:
+        if text is not None and text != "":
+            if not isinstance(text, str):
+                raise DataError(f"{self.source} {place}: the text must be a string, got {type(text).__name__} {text!r}")
+            return True
+        if self.policy == "error":
+            raise DataError(
+                f"{self.source} {place}: the text is empty (missing, null or ''); fix the row, or set "
+                f"empty_text='skip' to drop such rows"
+            )
+        self.skipped.append(place)
+        return False
+
+    def report(self) -> None:
+        if self.skipped:
+            places = ", ".join(self.skipped[:5]) + (", ..." if len(self.skipped) > 5 else "")
+            warnings.warn(
+                f"skipped {len(self.skipped)} empty text(s) in {self.source} (empty_text='skip'): {places}",
+                stacklevel=3,
+            )
 
 
 def _label_folders(split_dir: Path) -> dict[str, list[Path]]:
@@ -51,34 +129,78 @@ def _label_folders(split_dir: Path) -> dict[str, list[Path]]:
     return {folder.name: sorted(folder.glob("*.txt")) for folder in folders}
 
 
-def _read_folder(split_dir: Path, label_names: Sequence[str]) -> list[Record]:
+def _read_folder(split_dir: Path, label_names: Sequence[str], encoding: str, empty_text: EmptyText) -> list[Record]:
     files = _label_folders(split_dir)
     unknown = sorted(set(files) - set(label_names))
     if unknown:
-        raise ValueError(f"unknown label folder(s) {unknown} in {split_dir}; known labels: {list(label_names)}")
-    return [(path.read_text(encoding="utf-8", errors="replace"), label) for label in files for path in files[label]]
+        raise DataError(f"unknown label folder(s) {unknown} in {split_dir}; known labels: {list(label_names)}")
+    empty = EmptyTexts(empty_text, repr(str(split_dir)))
+    records = []
+    for label, paths in files.items():
+        for path in paths:
+            text = decode_file(path, encoding)
+            if empty.keep(text, f"file {str(path.relative_to(split_dir))!r}"):
+                records.append((text, label))
+    empty.report()
+    return records
 
 
-def _read_table(path: Path, text_column: str, label_column: str) -> list[Record]:
+def _table_rows(path: Path, text: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, row)`` of a JSONL, CSV or TSV text; a row is what the line holds (a dict for
+    CSV/TSV); a line that does not parse raises :class:`DataError` naming it."""
+    if path.suffix == ".jsonl":
+        for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: JSON strings may hold U+2028
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{str(path)!r} line {number}: not valid JSON ({error.msg}, column {error.colno})"
+                ) from None
+        return
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ",")
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as error:
+        raise DataError(f"{str(path)!r} line {reader.line_num}: {error}") from None
+
+
+def _read_table(path: Path, text_column: str, label_column: str, encoding: str, empty_text: EmptyText) -> list[Record]:
     if path.suffix not in TABLE_SUFFIXES:
         raise ValueError(f"cannot read {str(path)!r}: the suffix must be one of {TABLE_SUFFIXES}")
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8", newline="") as file:
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in file if line.strip()]
-        else:
-            rows = list(csv.DictReader(file, delimiter="\t" if path.suffix == ".tsv" else ","))
-    records = []
-    for number, row in enumerate(rows, start=1):
+    empty = EmptyTexts(empty_text, repr(str(path)))
+    records, spellings = [], {}
+    for number, row in _table_rows(path, decode_file(path, encoding)):
+        where = f"{str(path)!r} line {number}"
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object {{...}}, got {type(row).__name__}")
         missing = [c for c in (text_column, label_column) if c not in row]
         if missing:
-            raise ValueError(f"row {number} of {str(path)!r} has no column {missing}; it has {sorted(row)}")
-        label = row[label_column]
-        if label is None or str(label) == "":
-            raise ValueError(f"row {number} of {str(path)!r} has an empty {label_column!r}")
-        records.append((str(row[text_column]), str(label)))
+            raise DataError(f"{where} has no column {missing}; it has {sorted(row, key=str)}")
+        if not empty.keep(row[text_column], f"line {number}"):
+            continue
+        raw = row[label_column]
+        if raw is None or (isinstance(raw, str) and not raw.strip()):
+            raise DataError(f"{where} has an empty {label_column!r}")
+        if not isinstance(raw, (str, int, float)):
+            raise DataError(f"{where}: {label_column!r} must be a string or a number, got {type(raw).__name__}")
+        label = normalise_label(raw)
+        spellings.setdefault(label, set()).add(repr(raw))
+        records.append((row[text_column], label))
+    empty.report()
+    _report_merged_spellings(str(path), spellings)
     return records
+
+
+def _report_merged_spellings(source: str, spellings: dict[str, set[str]]) -> None:
+    merged = {label: sorted(seen) for label, seen in spellings.items() if len(seen) > 1}
+    if merged:
+        text = "; ".join(f"{', '.join(seen)} -> {label!r}" for label, seen in sorted(merged.items()))
+        warnings.warn(f"{source!r}: differently spelled labels were read as one label: {text}", stacklevel=3)
 
 
 def _sorted_labels(labels: set[str]) -> list[str]:
@@ -105,6 +227,7 @@ class TextClassificationDataModule(ZooDataModule):
         text_column: column (or JSON key) holding the text.
         label_column: column (or JSON key) holding the label.
         labels: label names in id order; default: the training labels, sorted (numerically if integers).
+            With files or a dataset, numbers may be given in any spelling (``1.0`` is ``"1"``).
         val_fraction: share of train carved out as validation when there is no validation source.
         test_fraction: share of train carved out as test when there is no test source.
         train_size: keep at most this many training examples (seeded subsample); None keeps all.
@@ -117,6 +240,10 @@ class TextClassificationDataModule(ZooDataModule):
         tokenizer_vocab_size: vocabulary size of a trained tokenizer.
         tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
         prepend_cls: put ``<cls>`` (id 1) before each text, for models that pool the first token.
+        encoding: text encoding of the files (any Python codec name, e.g. ``"latin-1"``); bytes that are
+            not valid in it are an error naming the file and line.
+        empty_text: a row whose text is missing, JSON ``null`` or empty: ``"error"`` (default: raise,
+            naming the file and line) or ``"skip"`` (drop it; a warning counts and places the skipped rows).
         seed: seed of the carving, subsampling and shuffling.
         shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: sequences per batch (per device under DDP).
@@ -139,7 +266,7 @@ class TextClassificationDataModule(ZooDataModule):
         hf_config: str | None = None,
         text_column: str = "text",
         label_column: str = "label",
-        labels: list[str] | None = None,
+        labels: list[str | int] | None = None,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
         train_size: int | None = None,
@@ -151,6 +278,8 @@ class TextClassificationDataModule(ZooDataModule):
         tokenizer_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
         prepend_cls: bool = False,
+        encoding: str = "utf-8",
+        empty_text: EmptyText = "error",
         seed: int = 0,
         shuffle_seed: int | None = None,
         batch_size: int = 32,
@@ -175,6 +304,14 @@ class TextClassificationDataModule(ZooDataModule):
             raise ValueError(f"truncation must be one of 'error', 'keep_head', 'keep_tail'; got {truncation!r}")
         if tokenizer not in ("byte", "bpe", "wordpiece"):
             raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
+        if empty_text not in ("error", "skip"):
+            raise ValueError(f"empty_text must be 'error' or 'skip'; got {empty_text!r}")
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise ValueError(
+                f"unknown encoding {encoding!r}; give a Python codec name such as 'utf-8' or 'latin-1'"
+            ) from None
         if max_seq_len < 1 + prepend_cls:
             raise ValueError(f"max_seq_len must be >= {1 + prepend_cls}, got {max_seq_len}")
         if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
@@ -194,11 +331,15 @@ class TextClassificationDataModule(ZooDataModule):
         self.truncation = truncation
         self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file = tokenizer, tokenizer_vocab_size, tokenizer_file
         self.prepend_cls = prepend_cls
+        self.encoding, self.empty_text = encoding, empty_text
         self._raw: dict[Split, list[Record] | None] = {}  # texts of each source, dropped after setup
         self._hf_data = None
         self._fingerprint: str | None = None
 
-        self.label_names = list(labels) if labels is not None else self._infer_labels()
+        if labels is None:
+            self.label_names = self._infer_labels()
+        else:  # folder names are labels as they are; labels read from files and datasets are normalised
+            self.label_names = [str(v) if self.data_dir is not None else normalise_label(v) for v in labels]
         if len(self.label_names) < 2 or len(set(self.label_names)) != len(self.label_names):
             raise ValueError(f"need at least 2 distinct labels, got {self.label_names}")
         self.label_to_id = {name: i for i, name in enumerate(self.label_names)}
@@ -249,9 +390,13 @@ class TextClassificationDataModule(ZooDataModule):
     def _read_source(self, split: Split) -> list[Record] | None:
         if self.data_dir is not None:
             split_dir = self.data_dir / split
-            return _read_folder(split_dir, self.label_names) if split_dir.is_dir() else None
+            if not split_dir.is_dir():
+                return None
+            return _read_folder(split_dir, self.label_names, self.encoding, self.empty_text)
         if self.files:
-            return _read_table(self.files[split], self.text_column, self.label_column) if split in self.files else None
+            if split not in self.files:
+                return None
+            return _read_table(self.files[split], self.text_column, self.label_column, self.encoding, self.empty_text)
         dataset = self._hf()
         name = {"train": "train", "val": "validation", "test": "test"}[split]
         if name not in dataset:
@@ -262,8 +407,17 @@ class TextClassificationDataModule(ZooDataModule):
                 raise ValueError(f"Hugging Face split {name!r} has no column {column!r}; it has {part.column_names}")
         feature = part.features.get(self.label_column)
         names = getattr(feature, "names", None)
-        labels = [names[v] if names is not None else str(v) for v in part[self.label_column]]
-        return list(zip(part[self.text_column], labels, strict=True))
+        empty = EmptyTexts(self.empty_text, f"Hugging Face split {name!r}")
+        records, spellings = [], {}
+        for row, (text, value) in enumerate(zip(part[self.text_column], part[self.label_column], strict=True)):
+            if empty.keep(text, f"row {row}"):
+                label = names[value] if names is not None else normalise_label(value)
+                spellings.setdefault(label, set()).add(repr(value))
+                records.append((text, label))
+        empty.report()
+        if names is None:
+            _report_merged_spellings(f"Hugging Face split {name}", spellings)
+        return records
 
     def _source_fingerprint(self) -> str:
         if self._fingerprint is None:
@@ -297,7 +451,7 @@ class TextClassificationDataModule(ZooDataModule):
             keep = torch.randperm(len(chosen), generator=torch.Generator().manual_seed(derive_seed(self.seed, split)))
             chosen = [chosen[i] for i in sorted(keep[:limit].tolist())]
         if not chosen:
-            raise ValueError(f"the {split} split is empty; give it a source or a larger {split}_fraction")
+            raise DataError(f"the {split} split is empty; give it a source or a larger {split}_fraction")
         return chosen
 
     # ---- tokenising ----------------------------------------------------------------------------------
@@ -306,6 +460,8 @@ class TextClassificationDataModule(ZooDataModule):
             "source": self._source_fingerprint(),
             "text_column": self.text_column,
             "label_column": self.label_column,
+            "encoding": self.encoding,
+            "empty_text": self.empty_text,
             "fractions": [self.val_fraction, self.test_fraction],
             "sizes": self.sizes,
             "seed": self.seed,
@@ -345,7 +501,7 @@ class TextClassificationDataModule(ZooDataModule):
         labels = []
         for text, label in records:
             if label not in self.label_to_id:
-                raise ValueError(
+                raise DataError(
                     f"unknown label {label!r} in the {split} split (text {text[:40]!r}); known labels: "
                     f"{self.label_names} (set `labels` to choose them)"
                 )
@@ -353,12 +509,13 @@ class TextClassificationDataModule(ZooDataModule):
         room = self.max_seq_len - self.prepend_cls
         sequences, truncated = [], 0
         for number, ids in enumerate(tokenizer.encode([text for text, _ in records])):
+            example = f"example {number} of {split} ({records[number][0][:40]!r})"
             if len(ids) == 0:
-                raise ValueError(f"example {number} of {split} is empty after tokenisation")
+                raise DataError(f"{example} is empty after tokenisation")
             if len(ids) > room:
                 if self.truncation == "error":
-                    raise ValueError(
-                        f"example {number} of {split} has {len(ids)} tokens, more than max_seq_len={self.max_seq_len}"
+                    raise DataError(
+                        f"{example} has {len(ids)} tokens, more than max_seq_len={self.max_seq_len}"
                         f"{' minus 1 for <cls>' if self.prepend_cls else ''}; set truncation='keep_head' or "
                         f"'keep_tail', or raise max_seq_len"
                     )

@@ -121,9 +121,7 @@ class TextTokenizer:
 
     def encode(self, texts: Sequence[str]) -> list[Tensor]:
         if self.subword is None:
-            return [
-                torch.frombuffer(bytearray(t.encode()), dtype=torch.uint8).long() + len(SPECIAL_TOKENS) for t in texts
-            ]
+            return [self._encode_bytes(t.encode()) for t in texts]
         return [torch.tensor(encoding.ids, dtype=torch.long) for encoding in self.subword.encode_batch(list(texts))]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -132,6 +130,12 @@ class TextTokenizer:
             raw = bytes(i - len(SPECIAL_TOKENS) for i in ids if len(SPECIAL_TOKENS) <= i < BYTE_VOCAB_SIZE)
             return raw.decode(errors="replace")
         return self.subword.decode(list(ids), skip_special_tokens=True)
+
+    @staticmethod
+    def _encode_bytes(data: bytes) -> Tensor:
+        if not data:  # torch.frombuffer refuses an empty buffer
+            return torch.zeros(0, dtype=torch.long)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).long() + len(SPECIAL_TOKENS)
 
 
 def resolve_tokenizer(

@@ -1,0 +1,410 @@
+"""Hostile input and faults (issue 15): every case ends in one line that names the bad value and what is
+allowed, with the exit code, the files left afterwards and nothing earlier lost checked. CLI cases run
+``zoo`` in a subprocess (``python -m experiments.cli``); their variants, and the library cases, run
+in-process. One tiny trained checkpoint serves the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from jsonargparse import Namespace
+
+import attention_zoo as az
+from experiments import bench
+from experiments.bench_cases import AttentionSpec, BenchConfig, invalid_entries, load_config
+from tasks.base import ConfigError, read_checkpoint
+from tasks.cli import check_training_length
+from tasks.data.base import DataError
+from tasks.data.text import TextClassificationDataModule, normalise_label
+from tasks.data.tokenize import SPECIAL_TOKENS, TextTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+RECALL = ["-c", str(ROOT / "configs" / "recall.yaml"), "--data.seq_len", "32", "--data.num_kv_pairs", "4"]
+RECALL += ["--data.vocab_size", "32", "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8"]
+TEXT = ["-c", str(ROOT / "configs" / "text.yaml"), "--data.data_dir", "null", "--data.max_seq_len", "32"]
+TINY = [
+    "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.limit_val_batches", "1",
+    "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+    "--trainer.accelerator", "cpu", "--model.dim", "16", "--model.depth", "1", "--model.heads", "2",
+    "--data.batch_size", "8",
+]  # fmt: skip
+
+
+def zoo(args: list[str], cache: Path) -> subprocess.CompletedProcess:
+    """``zoo <args>`` from this worktree, one torch thread, the given data cache."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ZOO_CACHE": str(cache)}
+    command = [sys.executable, "-m", "experiments.cli", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def one_line_error(result: subprocess.CompletedProcess, command: str) -> str:
+    """The error line of a refused command: exit code 2, no traceback, the last stderr line is the error."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"zoo {command}: error: "), result.stderr[-2000:]
+    return last
+
+
+def runs_in(save_dir: Path) -> list[Path]:
+    return sorted(save_dir.rglob("version_*")) if save_dir.exists() else []
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, Path]:
+    """A ``full`` recall run of two steps: its checkpoint, its save_dir and a data cache."""
+    root = tmp_path_factory.mktemp("trained")
+    runs = root / "runs"
+    result = zoo(["fit", *RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(runs)], root / "cache")
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = runs / "recall" / "full" / "version_0" / "checkpoints" / "last.ckpt"
+    assert checkpoint.is_file()
+    return {"checkpoint": checkpoint, "runs": runs, "cache": root / "cache", "root": root}
+
+
+@pytest.fixture(scope="module")
+def broken_checkpoints(trained) -> dict[str, Path]:
+    """An empty file, the first 3000 bytes of the real checkpoint, and random bytes."""
+    folder = trained["root"] / "broken"
+    folder.mkdir()
+    (folder / "empty.ckpt").write_bytes(b"")
+    (folder / "truncated.ckpt").write_bytes(trained["checkpoint"].read_bytes()[:3000])
+    (folder / "random.ckpt").write_bytes(random.Random(0).randbytes(5000))
+    return {path.stem: path for path in folder.iterdir()}
+
+
+# --- zoo bench ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--memory-budget-gb", "-1"], ["memory_budget_gb must be a number > 0", "got -1.0"]),
+        (["--seq-lens", "0,-5"], ["seq_lens: [0, -5] must be >= 1"]),
+        (["--dtypes", "float8"], ["dtypes: ['float8'] not among float32, bfloat16, float16"]),
+        (
+            ["--attentions", "full,linformer:k=abc,local:window=7", "--seq-lens", "64"],
+            ["2 invalid attention entries, nothing was run", "linformer:k=abc:", "k='abc' is not a valid int",
+             "local:window=7:", "window must be an even int >= 2", "got 7"],
+        ),
+    ],
+    ids=["negative-memory-budget", "non-positive-lengths", "float8", "bad-options"],
+)  # fmt: skip
+def test_bench_refuses_a_bad_sweep_before_running_anything(flags, expected, tmp_path):
+    out = tmp_path / "bench"
+    result = zoo(["bench", *flags, "--out", str(out)], tmp_path / "cache")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.startswith("zoo bench: error: ")
+    for text in expected:
+        assert text in result.stderr
+    assert not out.exists()  # nothing measured, nothing written (the baseline did not run first)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"memory_budget_gb": 0.0}, "memory_budget_gb must be a number > 0 (or unset for the default), got 0.0"),
+        ({"memory_budget_gb": float("nan")}, "memory_budget_gb must be a number > 0"),
+        ({"seq_lens": []}, "seq_lens is empty: the sweep would run no case"),
+        ({"heads": [2, 0]}, "heads: [0] must be >= 1"),
+        ({"seq_lens": 512}, "seq_lens must be a list of int, got 512"),
+        ({"batch": [True]}, "batch must be int, got True"),
+        ({"depth": 0}, "depth must be >= 1, got 0"),
+        ({"case_timeout_s": -1.0}, "case_timeout_s must be a number > 0, got -1.0"),
+        ({"max_batch": True, "isolation": "none"}, "the max-batch search needs isolation: process"),
+    ],
+)
+def test_bench_settings_are_checked_by_type_and_range(changes, expected):
+    with pytest.raises(ValueError) as error:
+        BenchConfig(**changes)
+    assert expected in str(error.value)
+
+
+def test_bench_entries_refused_only_when_no_size_of_the_sweep_accepts_them():
+    # Linformer's k must not exceed n: k=128 is fine for the n=256 cases (n=64 is recorded per case)
+    sized = [AttentionSpec("linformer", {"k": 128})]
+    assert invalid_entries(BenchConfig(attentions=sized, seq_lens=[64, 256], heads=[2], dim_head=[8])) == []
+    (problem,) = invalid_entries(BenchConfig(attentions=sized, seq_lens=[64], heads=[2], dim_head=[8]))
+    assert problem.startswith("linformer:k=128: ") and "k=128 must be in [1, max_seq_len=64]" in problem
+    unknown = invalid_entries(BenchConfig(attentions=[AttentionSpec("linformr")], seq_lens=[64]))
+    assert unknown == [f"linformr: unknown attention 'linformr'; known: {', '.join(az.list_attentions())}"]
+
+
+def test_bench_sweep_of_no_case_is_refused(tmp_path, capsys):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("attentions:\n  - {attention: full, min_seq_len: 1024}\nseq_lens: [64, 128]\n")
+    out = tmp_path / "bench"
+    assert bench.main(["--config", str(sweep), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "the sweep has no case: no attention applies to seq_lens [64, 128] (full [1024, any])" in error
+    assert bench.main(["--check-targets", "--attentions", "sparse", "--out", str(out)]) == 2
+    assert "no performance target for ['sparse']; targets exist for: linformer" in capsys.readouterr().err
+    sweep.write_text("seq_lens: [64\n")
+    assert bench.main(["--config", str(sweep), "--out", str(out)]) == 2  # YAML that does not parse
+    assert capsys.readouterr().err.startswith("zoo bench: error: ")
+    assert not out.exists()
+    sweep.write_text("- full\n")
+    with pytest.raises(ValueError, match="expected a mapping of settings, got list"):
+        load_config(sweep, {})
+
+
+# --- checkpoints --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated"])
+def test_unreadable_ckpt_path_is_one_line_and_leaves_no_run_folder(kind, trained, broken_checkpoints, tmp_path):
+    path = broken_checkpoints.get(kind, tmp_path / "missing.ckpt")
+    runs = tmp_path / "runs"
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(runs), "--ckpt_path", str(path)]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert repr(str(path)) in line
+    assert ("no checkpoint file at" if kind == "missing" else "is not a readable checkpoint") in line
+    assert runs_in(runs) == []  # no empty run folder left behind
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [("empty", "the file is empty"), ("truncated", "not a torch checkpoint, or truncated"),
+     ("random", "not a torch checkpoint, or truncated")],
+)  # fmt: skip
+def test_broken_checkpoint_files_are_named_with_the_reason(kind, reason, broken_checkpoints):
+    path = broken_checkpoints[kind]
+    with pytest.raises(ConfigError) as error:
+        read_checkpoint(path, "--ckpt_path")
+    message = str(error.value)
+    assert message.startswith(f"--ckpt_path: {str(path)!r} is not a readable checkpoint ({reason}")
+    assert "\n" not in message
+
+
+def test_files_that_are_no_lightning_checkpoint_are_named(tmp_path):
+    plain = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(2)}, plain)
+    with pytest.raises(
+        ConfigError, match=r"^init_from: '.*weights.pt' is not a Lightning checkpoint \(no 'state_dict'\)$"
+    ):
+        read_checkpoint(plain, "init_from")
+    with pytest.raises(ConfigError, match=r"^--ckpt_path: no checkpoint file at '.*' \(a directory\)$"):
+        read_checkpoint(tmp_path, "--ckpt_path")
+
+
+def test_init_from_a_random_file_is_one_line(trained, broken_checkpoints, tmp_path):
+    runs = tmp_path / "runs"
+    path = broken_checkpoints["random"]
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(runs), "--model.init_from", str(path)]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert f"init_from: {str(path)!r} is not a readable checkpoint" in line
+    assert runs_in(runs) == []
+
+
+def test_checkpoint_of_another_attention_is_refused_naming_both(trained, tmp_path):
+    runs = tmp_path / "runs"
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(runs), "--ckpt_path", str(trained["checkpoint"])]
+    line = one_line_error(zoo(["test", *args, "--model.attention", "local"], trained["cache"]), "test")
+    assert "was trained with attention 'full' options {}" in line
+    assert "configured with attention 'local'" in line
+    assert line.endswith("to use this checkpoint, pass --model.attention full --model.attention_options '{}'")
+    assert runs_in(runs) == []
+    assert trained["checkpoint"].is_file()  # the checkpoint is untouched
+
+
+# --- training length and save directory ---------------------------------------------------------------
+
+
+def test_max_steps_0_is_refused(trained, tmp_path):
+    runs = tmp_path / "runs"
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(runs), "--trainer.max_steps", "0"]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert "--trainer.max_steps 0: a run would stop before its first step" in line and "max_steps >= 1" in line
+    assert runs_in(runs) == []
+
+
+@pytest.mark.parametrize(("max_steps", "max_epochs", "bad"), [(-1, 0, "max_epochs"), (-2, None, "max_steps")])
+def test_training_length_limits(max_steps, max_epochs, bad):
+    with pytest.raises(ConfigError, match=f"--trainer.{bad} "):
+        check_training_length(Namespace(max_steps=max_steps, max_epochs=max_epochs))
+    check_training_length(Namespace(max_steps=-1, max_epochs=None))  # Lightning's defaults: no step limit
+    check_training_length(Namespace(max_steps=5, max_epochs=-1))
+
+
+def test_save_dir_that_is_a_file_is_one_line(trained, tmp_path):
+    blocker = tmp_path / "runs"
+    blocker.write_text("earlier content\n")
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(blocker / "nested")]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert f"save_dir {str(blocker / 'nested')!r}" in line and f"{str(blocker)!r} is a file, not a directory" in line
+    assert blocker.read_text() == "earlier content\n"  # nothing earlier lost
+
+
+def unwritable_directory(tmp_path: Path) -> Path:
+    """A directory this process cannot create files in: a read-only folder, or (for root, whom permission
+    bits do not stop) a sysfs directory."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    for candidate in (folder, Path("/sys")):
+        try:
+            tempfile.TemporaryFile(dir=candidate).close()
+        except OSError:
+            return candidate
+    pytest.skip("no directory here refuses this process a new file")
+
+
+def test_unwritable_save_dir_is_one_line(trained, tmp_path):
+    target = unwritable_directory(tmp_path) / "runs"
+    args = [*RECALL, *TINY, "--trainer.logger.init_args.save_dir", str(target)]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert f"save_dir {str(target)!r}: cannot write in {str(target.parent)!r}" in line
+    assert not target.exists()
+
+
+# --- token ids ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [10, -1])
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_token_ids_outside_the_vocabulary_are_named(kind, bad):
+    sizes = dict(vocab_size=10, dim=8, depth=1, heads=2, max_seq_len=8)
+    model = az.TransformerEncoder(**sizes) if kind == "encoder" else az.TransformerDecoder(**sizes)
+    run = (lambda t: model(t)) if kind == "encoder" else (lambda t: model(t, torch.zeros(1, 3, 8)))
+    assert run(torch.tensor([[0, 9, 3]])).shape == (1, 3, 8)  # both ends of the vocabulary are fine
+    with pytest.raises(ValueError, match=rf"token id {bad} is out of range for vocab_size=10: ids must be in \[0, 9\]"):
+        run(torch.tensor([[0, bad, 3]]))
+    with pytest.raises(ValueError, match="tokens must be integer ids"):
+        run(torch.tensor([[0.0, 1.0]]))
+
+
+# --- text data ----------------------------------------------------------------------------------------
+
+ROWS = [(f"{'great lovely' if i % 2 else 'awful boring'} film {i}", i % 2) for i in range(24)]
+
+
+def write_jsonl(path: Path, rows: list[dict | str]) -> Path:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def text_module(tmp_path: Path, train_file: Path, **options) -> TextClassificationDataModule:
+    return TextClassificationDataModule(train_file=str(train_file), max_seq_len=64, cache_dir=str(tmp_path / "cache"),
+                                        **options)  # fmt: skip
+
+
+def train_texts(module: TextClassificationDataModule) -> list[str]:
+    return [text for split in ("train", "val", "test") for text, _ in module.records(split)]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("null.jsonl", "line 7: the text is empty (missing, null or ''); fix the row, or set empty_text='skip'"),
+        ("broken.jsonl", "line 9: not valid JSON (Expecting value, column 10)"),
+        ("latin1.csv", "line 7: not valid utf-8 (byte 0xe9: invalid continuation byte); set the data module's "
+                       "encoding to the file's, e.g. encoding='latin-1'"),
+        ("empty.csv", "line 5: the text is empty (missing, null or '')"),
+    ],
+)  # fmt: skip
+def test_bad_text_files_are_one_line_naming_file_and_line(name, expected, trained, tmp_path):
+    path = tmp_path / name
+    if name == "null.jsonl":
+        write_jsonl(path, [{"text": None if i == 6 else t, "label": label} for i, (t, label) in enumerate(ROWS)])
+    elif name == "broken.jsonl":
+        write_jsonl(path, ['{"text": ' if i == 8 else {"text": t, "label": label} for i, (t, label) in enumerate(ROWS)])
+    elif name == "latin1.csv":
+        lines = [f"{t},{label}".encode() for t, label in ROWS]
+        lines[5] = "café au lait,1".encode("latin-1")
+        path.write_bytes(b"text,label\n" + b"\n".join(lines) + b"\n")
+    else:
+        path.write_text("text,label\n" + "".join(f"{'' if i in (3, 9) else t},{label}\n" for i, (t, label) in
+                                                 enumerate(ROWS)))  # fmt: skip
+    runs = tmp_path / "runs"
+    args = [*TEXT, *TINY, "--trainer.logger.init_args.save_dir", str(runs), "--data.train_file", str(path)]
+    line = one_line_error(zoo(["fit", *args], trained["cache"]), "fit")
+    assert f"{str(path)!r} {expected}" in line
+    assert runs_in(runs) == []
+
+
+def test_empty_texts_can_be_skipped_and_are_counted(tmp_path):
+    rows = [{"text": t, "label": label} for t, label in ROWS]
+    rows[2]["text"], rows[5]["text"] = None, ""
+    path = write_jsonl(tmp_path / "gaps.jsonl", rows)
+    with pytest.warns(UserWarning, match=r"skipped 2 empty text\(s\) in '.*gaps.jsonl' \(empty_text='skip'\): "
+                                         r"line 3, line 6"):  # fmt: skip
+        module = text_module(tmp_path, path, empty_text="skip")
+    assert sorted(train_texts(module)) == sorted(r["text"] for r in rows if r["text"])
+    assert "None" not in train_texts(module)  # a null text never becomes the string "None"
+    with pytest.raises(ValueError, match="empty_text must be 'error' or 'skip'; got 'drop'"):
+        text_module(tmp_path, path, empty_text="drop")
+
+
+def test_csv_line_numbers_count_physical_lines(tmp_path):
+    # a quoted text spanning three lines, then a blank-text row: its line is 6, not data row 3
+    path = tmp_path / "multi.csv"
+    path.write_text('text,label\nfirst,0\n"one\ntwo\nthree",1\n,0\nlast,1\n')
+    with pytest.raises(DataError, match=r"'.*multi.csv' line 6: the text is empty"):
+        text_module(tmp_path, path)
+
+
+def test_jsonl_line_numbers_count_blank_lines(tmp_path):
+    path = write_jsonl(tmp_path / "gaps.jsonl", [{"text": "a", "label": 0}, "", "", {"text": "b", "label": 1}, "[1]"])
+    with pytest.raises(DataError, match=r"'.*gaps.jsonl' line 5: expected a JSON object \{...\}, got list"):
+        text_module(tmp_path, path)
+    write_jsonl(path, [{"text": "a", "label": 0}, {"text": 42, "label": 1}])
+    with pytest.raises(DataError, match=r"line 2: the text must be a string, got int 42"):
+        text_module(tmp_path, path)
+    write_jsonl(path, [{"text": "a", "label": 0}, {"text": "b", "label": [1]}])
+    with pytest.raises(DataError, match=r"line 2: 'label' must be a string or a number, got list"):
+        text_module(tmp_path, path)
+
+
+def test_encoding_option_reads_latin1_and_binary_data_is_named(tmp_path):
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("text,label\ncafé au lait,1\nthé noir,0\nun verre d'eau,1\n".encode("latin-1"))
+    module = text_module(tmp_path, path, encoding="latin-1", val_fraction=0.0, test_fraction=0.0)
+    assert sorted(text for text, _ in module.records("train")) == ["café au lait", "thé noir", "un verre d'eau"]
+    with pytest.raises(ValueError, match="unknown encoding 'latin-9000'; give a Python codec name"):
+        text_module(tmp_path, path, encoding="latin-9000")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"text": "a", "label": 0}\n\x00\x01\x02\n')
+    with pytest.raises(DataError, match=r"'.*binary.jsonl' line 2: a NUL character: binary data, not utf-8 text"):
+        text_module(tmp_path, binary)
+
+
+def test_numeric_label_spellings_are_one_label(tmp_path):
+    ones = [" 1", "1.0", 1, "1"]
+    rows = [
+        {"text": t, "label": ones[i // 2 % 4] if label else [0, "0"][i // 2 % 2]} for i, (t, label) in enumerate(ROWS)
+    ]
+    path = write_jsonl(tmp_path / "spellings.jsonl", rows)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = text_module(tmp_path, path)
+    assert module.label_names == ["0", "1"] and module.num_classes == 2
+    merged = [str(w.message) for w in caught if "differently spelled labels" in str(w.message)]
+    assert len(merged) == 1 and "' 1', '1', '1.0', 1 -> '1'" in merged[0] and "'0', 0 -> '0'" in merged[0]
+    module.prepare_data()
+    labels = torch.cat([module.load_split(split).labels for split in ("train", "val", "test")])
+    assert sorted(labels.tolist()) == sorted(label for _, label in ROWS)  # every row kept its class
+    assert text_module(tmp_path, path, labels=[0, "1.0"]).label_names == ["0", "1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "label"),
+    [(" 1", "1"), ("1.0", "1"), (1, "1"), (1.0, "1"), ("-2", "-2"), ("0.50", "0.5"), ("1e3", "1000"),
+     (" pos ", "pos"), ("nan", "nan"), ("12345678901234567890", "12345678901234567890")],
+)  # fmt: skip
+def test_normalise_label(value, label):
+    assert normalise_label(value) == label
+
+
+def test_byte_tokenizer_encodes_an_empty_text_as_no_tokens():
+    empty, word = TextTokenizer().encode(["", "ab"])
+    assert empty.shape == (0,) and empty.dtype == torch.long
+    assert word.tolist() == [ord("a") + len(SPECIAL_TOKENS), ord("b") + len(SPECIAL_TOKENS)]
