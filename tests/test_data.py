@@ -3,9 +3,9 @@ tokenizers and MLM masking. Tiny sizes; every test uses its own cache folder."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
-import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -446,26 +446,21 @@ def test_hf_dataset_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
         text(tmp_path, hf_dataset="imdb")
 
 
-def test_hf_dataset_source(tmp_path, monkeypatch):
-    class FakeSplit:
-        def __init__(self, rows):
-            self.rows = rows
-            self.column_names = ["text", "label"]
-            self.features = {"label": SimpleNamespace(names=["neg", "pos"])}
-
-        def __getitem__(self, column):
-            return [row[column] for row in self.rows]
-
-    rows = [{"text": f"review number {i}", "label": i % 2} for i in range(20)]
-    fake = types.ModuleType("datasets")
-    fake.__version__ = "0-test"
-    fake.load_dataset = lambda name, config: {"train": FakeSplit(rows[:16]), "test": FakeSplit(rows[16:])}
-    monkeypatch.setitem(sys.modules, "datasets", fake)
-    dm = text(tmp_path, hf_dataset="fake-imdb")
+def test_hf_dataset_source_reads_local_json_with_the_real_datasets_package(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")  # not the user's cache
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = [{"text": f"review number {i}", "label": ["neg", "pos"][i % 2]} for i in range(20)]
+    files = {}
+    for split, part in (("train", rows[:16]), ("test", rows[16:])):
+        files[split] = str(tmp_path / f"{split}.jsonl")
+        Path(files[split]).write_text("".join(json.dumps(row) + "\n" for row in part))
+    dm = text(tmp_path, hf_dataset="json", hf_data_files=files)
     assert dm.label_names == ["neg", "pos"]
     check_contract(dm, all_batches(dm))
     test_items = [(decode_bytes(t), dm.label_names[label]) for t, label in split_items(dm, "test")]
     assert test_items == [(f"review number {i}", ["neg", "pos"][i % 2]) for i in range(16, 20)]
+    assert len(dm.load_split("train")) + len(dm.load_split("val")) == 16  # val is carved from train
 
 
 # ---- masked language modelling ---------------------------------------------------------------------------

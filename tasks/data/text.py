@@ -224,6 +224,9 @@ class TextClassificationDataModule(ZooDataModule):
         test_file: test examples (same format); default: carved from train.
         hf_dataset: Hugging Face dataset name (needs the ``datasets`` package and network or its cache).
         hf_config: Hugging Face dataset configuration name.
+        hf_data_files: ``{split: file}`` for a file builder (``hf_dataset="json"`` or ``"csv"``: local files read
+            by the real ``datasets`` package, no network); Hugging Face split names ``train``, ``validation``,
+            ``test``.
         text_column: column (or JSON key) holding the text.
         label_column: column (or JSON key) holding the label.
         labels: label names in id order; default: the training labels, sorted (numerically if integers).
@@ -264,6 +267,7 @@ class TextClassificationDataModule(ZooDataModule):
         test_file: str | None = None,
         hf_dataset: str | None = None,
         hf_config: str | None = None,
+        hf_data_files: dict[str, str] | None = None,
         text_column: str = "text",
         label_column: str = "label",
         labels: list[str | int] | None = None,
@@ -324,7 +328,7 @@ class TextClassificationDataModule(ZooDataModule):
         self.files = {
             split: Path(f) for split, f in zip(SPLITS, (train_file, val_file, test_file), strict=True) if f is not None
         }
-        self.hf_dataset, self.hf_config = hf_dataset, hf_config
+        self.hf_dataset, self.hf_config, self.hf_data_files = hf_dataset, hf_config, hf_data_files
         self.text_column, self.label_column = text_column, label_column
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
@@ -370,7 +374,7 @@ class TextClassificationDataModule(ZooDataModule):
                 f"(or use data_dir / train_file for local files)"
             ) from error
         try:
-            dataset = datasets.load_dataset(self.hf_dataset, self.hf_config)
+            dataset = datasets.load_dataset(self.hf_dataset, self.hf_config, data_files=self.hf_data_files)
         except Exception as error:  # network, name or cache errors all end here; the cause is chained
             raise RuntimeError(
                 f"could not load Hugging Face dataset {self.hf_dataset!r} (config {self.hf_config!r}): {error}. "
@@ -430,7 +434,9 @@ class TextClassificationDataModule(ZooDataModule):
             else:
                 import datasets
 
-                self._fingerprint = f"hf:{self.hf_dataset}:{self.hf_config}:datasets-{datasets.__version__}"
+                files = sorted((self.hf_data_files or {}).values())
+                local = f":{file_digest([Path(f) for f in files])}" if files else ""
+                self._fingerprint = f"hf:{self.hf_dataset}:{self.hf_config}{local}:datasets-{datasets.__version__}"
         return self._fingerprint
 
     def _carved(self) -> dict[Split, list[Record]]:
