@@ -32,6 +32,12 @@ Per head (one of B*H), n = sequence length, d = head width:
   4 d per (query, key) pair over the own block (causal: j <= i) and min(top_k, candidates) blocks of c
   keys. Exact when c divides n; otherwise a non-causal query that selects the partial last block reads
   fewer than c keys there, and the count is an upper bound. Mean pooling (additions) is not counted.
+- kernelized linear attention (``linear``: m = d features, elu + 1; ``cosformer``: m = 2d, ReLU times cos
+  and sin of the position; ``performer``: m = ``nb_features``), with the normaliser as one more value
+  column (d + 1): phi(K)^T [V 1] and phi(Q) (that) are 2 n m (d + 1) each: **4 n m (d + 1)**, causal too
+  (the prefix-sum form of the papers: per position one state update and one query product); performer adds
+  the random projections W q and W k, 2 n m d each: **4 n m d + 4 n m (d + 1)**. The chunked causal kernel
+  executes 2 n c (m + d + 1) more (the c x c blocks inside each chunk of c = ``chunk_size``).
 
 A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
 pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
@@ -152,6 +158,26 @@ def _moba(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
         own = size * (size + 1) // 2 if causal else size * size
         pairs += own + size * min(top_k, candidates) * c
     return 2 * d * scored + 4 * d * pairs
+
+
+def _kernel_products(n: int, m: int, d: int) -> float:
+    return 4 * n * m * (d + 1)
+
+
+@formula("linear")
+def _linear(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return _kernel_products(n, d, d)
+
+
+@formula("cosformer")
+def _cosformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return _kernel_products(n, 2 * d, d)
+
+
+@formula("performer")
+def _performer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    m = options["nb_features"]
+    return 4 * n * m * d + _kernel_products(n, m, d)
 
 
 def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:

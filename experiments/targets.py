@@ -25,7 +25,7 @@ SPEEDUP_N, SCALING_NS = 4096, (2048, 8192)
 class Target:
     attention: str
     options: dict = field(default_factory=dict)
-    min_speedup: float | None = None  # at n = 4096, over full (sdpa)
+    min_speedup: float | None = None  # at n = 4096, over full (sdpa), causal against causal
     max_scaling: float | None = None  # time(8192) / time(2048)
     max_memory_growth: float | None = None  # peak MB(8192) / peak MB(2048)
     causal: bool = False  # measured causal, against causal full attention
@@ -41,6 +41,12 @@ TARGETS: tuple[Target, ...] = (
     Target(
         "moba", {"block_size": 128, "top_k": 4}, min_speedup=2.5, max_scaling=4.5, max_memory_growth=4.0, causal=True
     ),
+    # issue 11: kernelized attention, every one with linear time and memory
+    Target("performer", {"nb_features": 256}, min_speedup=6.0, max_scaling=4.5, max_memory_growth=4.0),
+    Target("performer", {"nb_features": 256}, min_speedup=3.0, max_scaling=4.5, max_memory_growth=4.0, causal=True),
+    Target("linear", {}, min_speedup=25.0, max_scaling=4.5, max_memory_growth=4.0),
+    Target("linear", {}, min_speedup=8.0, max_scaling=4.5, max_memory_growth=4.0, causal=True),
+    Target("cosformer", {}, min_speedup=12.0, max_scaling=4.5, max_memory_growth=4.0),
 )
 
 
