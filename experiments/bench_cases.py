@@ -12,7 +12,10 @@ by the decoder rule, the decoder; cross-attention ``full``; n source tokens). Mo
 (at ``seq2seq``: teacher forcing over n target tokens), and, at the ``seq2seq`` level only, ``decode``
 (greedy decoding of n target tokens with the decoding cache) and ``decode-recompute`` (the same, the
 decoder recomputed over the whole prefix at every step); EOS is never generated, so every case decodes
-exactly n tokens per sequence.
+exactly n tokens per sequence. Mode ``decode-step``, at the ``core`` level only: one step of step-by-step
+causal decoding (:meth:`attention_zoo.AttentionCore.decode`, one new position per sequence) after a prefill
+of n positions: the per-token cost of decoding at position n (constant for a recurrent state, growing
+with n for a key/value cache).
 
 A sweep is checked before anything runs: every setting has its type and range (:class:`BenchConfig`),
 every entry is built (on the ``meta`` device: no memory) at the sizes it will run at
@@ -36,7 +39,7 @@ import yaml
 import attention_zoo as az
 
 Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
-Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute"]
+Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute", "decode-step"]
 DType = Literal["float32", "bfloat16", "float16"]
 Kind = Literal["time", "max_batch"]
 
@@ -174,6 +177,8 @@ class BenchConfig:
             raise ValueError(f"isolation must be process or none, got {self.isolation!r}")
         if any(m in DECODE_MODES for m in self.modes) and "seq2seq" not in self.levels:
             raise ValueError(f"modes {', '.join(DECODE_MODES)} decode with an encoder-decoder: add level seq2seq")
+        if "decode-step" in self.modes and "core" not in self.levels:
+            raise ValueError("mode decode-step times one decoding step of a core: add level core")
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
         if self.max_batch and self.isolation != "process":
@@ -295,8 +300,8 @@ def expand(config: BenchConfig, device: str) -> list[Case]:
         config.levels, config.modes, config.dtypes, config.threads, config.heads, config.dim_head, config.seq_lens
     )
     for level, mode, dtype, threads, heads, dim_head, n in grid:
-        if mode in DECODE_MODES and level != "seq2seq":
-            continue  # decoding needs a decoder (checked in BenchConfig: seq2seq is among the levels)
+        if (mode in DECODE_MODES and level != "seq2seq") or (mode == "decode-step" and level != "core"):
+            continue  # decoding needs a decoder, a decoding step a core (checked in BenchConfig)
         model = _model_fields(config, level, heads, dim_head)
         for spec in config.attentions:
             if not spec.fits(n):

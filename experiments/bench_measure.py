@@ -68,6 +68,8 @@ def build_step(case: Case) -> Callable[[], None]:
     b, n = case.batch, case.seq_len
     attention = dict(attention=case.attention, attention_options=case.options, dim_head=case.dim_head)
     model: nn.Module
+    if case.level == "core" and case.mode == "decode-step":
+        return decode_step(case, device, dtype)
     if case.level == "core":
         model = az.create_attention(
             case.attention, dim_head=case.dim_head, heads=case.heads, max_seq_len=n, **case.options
@@ -135,6 +137,35 @@ def build_step(case: Case) -> Callable[[], None]:
         model.zero_grad(set_to_none=True)
         for t in inputs:
             t.grad = None
+
+    return step
+
+
+#: positions a decode-step case may add after its prefill (warm-up and repeats); bounds max_seq_len
+DECODE_STEP_ROOM = 4096
+
+
+def decode_step(case: Case, device: torch.device, dtype: torch.dtype) -> Callable[[], None]:
+    """One decoding step (one new position per sequence) of a causal core whose state already holds n
+    positions; every call advances the state by one position."""
+    # b: batch, h: heads, n: positions, d: head dim
+    b, n, shape = case.batch, case.seq_len, (case.batch, case.heads, 1, case.dim_head)
+    core = az.create_attention(
+        case.attention, dim_head=case.dim_head, heads=case.heads, max_seq_len=n + DECODE_STEP_ROOM, **case.options
+    ).to(device=device, dtype=dtype).eval()
+    state = core.start_decoding()
+    with torch.inference_mode():
+        prefix = [torch.randn(b, case.heads, n, case.dim_head, device=device, dtype=dtype) for _ in range(3)]
+        if core.needs_shared_qk:
+            prefix[1] = prefix[0]
+        core.decode(*prefix, state)
+    step_inputs = [torch.randn(shape, device=device, dtype=dtype) for _ in range(3)]
+    if core.needs_shared_qk:
+        step_inputs[1] = step_inputs[0]
+
+    def step() -> None:
+        with torch.inference_mode():
+            core.decode(*step_inputs, state)
 
     return step
 

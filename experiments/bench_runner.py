@@ -50,7 +50,7 @@ def precheck(case: Case) -> dict[str, str] | None:
         return {"status": "error", "detail": f"{case.attention} has no option(s) {unknown}"}
     if case.causal and not cls.supports_causal:
         return {"status": "unsupported", "detail": f"{case.attention} does not support causal attention"}
-    if case.mode in DECODE_MODES and not cls.supports_causal:
+    if (case.mode in DECODE_MODES or case.mode == "decode-step") and not cls.supports_causal:
         detail = f"{case.attention} is not causal (a decoder would use {cls.causal_counterpart or 'another core'})"
         return {"status": "unsupported", "detail": detail}
     return None

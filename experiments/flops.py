@@ -199,8 +199,8 @@ def core_flops(case: Case, layer_index: int = 0) -> float | None:
 
 def case_flops(case: Case) -> float | None:
     """FLOPs of one timed call of ``case`` (forward, or forward+backward = 3x forward); None for the
-    ``seq2seq`` level (encoder-decoder and decoding work is not worked out here)."""
-    if case.level == "seq2seq":
+    ``seq2seq`` level and the ``decode-step`` mode (encoder-decoder and decoding work is not worked out here)."""
+    if case.level == "seq2seq" or case.mode == "decode-step":
         return None
     if case.level == "core":
         forward = core_flops(case)

@@ -5,7 +5,9 @@ Protocol (the issues' wording): CPU, one thread (these machines throttle a secon
 attention core alone, B=1, H=8, D=64, float32, forward+backward, minimum of repeats, speedup over
 ``full`` with the SDPA backend at n = 4096 (a causal target: over causal ``full``); linear scaling as
 time(n=8192) / time(n=2048) <= 5 (issue 11's rows: <= 4.5), and, where a target asks, peak memory growing no
-faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4.
+faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4; for the recurrent decoders (issue 11), one decoding
+step (``zoo bench`` mode ``decode-step``: B=1, one new position after a prefill of n) at n = 4096 costs at
+most 1.5x one at n = 256.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import attention_zoo as az
 from experiments.bench_cases import Case
 
 SPEEDUP_N, SCALING_NS = 4096, (2048, 8192)
+#: constant-state decoding: one decoding step at position 4096 costs at most 1.5x one at position 256
+DECODE_NS, MAX_DECODE_GROWTH = (256, 4096), 1.5
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class Target:
     max_scaling: float | None = None  # time(8192) / time(2048)
     max_memory_growth: float | None = None  # peak MB(8192) / peak MB(2048)
     causal: bool = False  # measured causal, against causal full attention
+    constant_decoding: bool = False  # decode-step time at n = 4096 <= 1.5 x at n = 256
 
 
 TARGETS: tuple[Target, ...] = (
@@ -43,19 +48,29 @@ TARGETS: tuple[Target, ...] = (
     ),
     # issue 11: kernelized attention, every one with linear time and memory
     Target("performer", {"nb_features": 256}, min_speedup=6.0, max_scaling=4.5, max_memory_growth=4.0),
-    Target("performer", {"nb_features": 256}, min_speedup=3.0, max_scaling=4.5, max_memory_growth=4.0, causal=True),
+    Target(
+        "performer",
+        {"nb_features": 256},
+        min_speedup=3.0,
+        max_scaling=4.5,
+        max_memory_growth=4.0,
+        causal=True,
+        constant_decoding=True,
+    ),
     Target("linear", {}, min_speedup=25.0, max_scaling=4.5, max_memory_growth=4.0),
-    Target("linear", {}, min_speedup=8.0, max_scaling=4.5, max_memory_growth=4.0, causal=True),
+    Target("linear", {}, min_speedup=8.0, max_scaling=4.5, max_memory_growth=4.0, causal=True, constant_decoding=True),
     Target("cosformer", {}, min_speedup=12.0, max_scaling=4.5, max_memory_growth=4.0),
 )
 
 
-def protocol_case(attention: str, options: dict[str, Any], n: int, threads: int, causal: bool = False) -> Case:
+def protocol_case(
+    attention: str, options: dict[str, Any], n: int, threads: int, causal: bool = False, mode: str = "fwd+bwd"
+) -> Case:
     return Case(
         attention=attention,
         options=dict(options),
         level="core",
-        mode="fwd+bwd",
+        mode=mode,
         dtype="float32",
         device="cpu",
         seq_len=n,
@@ -82,7 +97,14 @@ def target_cases(names: set[str] | None, threads: int) -> list[Case]:
         scaled = target.max_scaling is not None or target.max_memory_growth is not None
         ns = (SCALING_NS[0], SPEEDUP_N, SCALING_NS[1]) if scaled else (SPEEDUP_N,)
         cases += [protocol_case(target.attention, target.options, n, threads, target.causal) for n in ns]
+        if target.constant_decoding:
+            cases += [decode_case(target, n, threads) for n in DECODE_NS]
     return cases
+
+
+def decode_case(target: Target, n: int, threads: int) -> Case:
+    """One decoding step at position n (``zoo bench`` mode ``decode-step``), B=1, H=8, D=64."""
+    return protocol_case(target.attention, target.options, n, threads, causal=True, mode="decode-step")
 
 
 def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threads: int) -> Table:
@@ -92,7 +114,7 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
         options = target.options if attention is None else {}
         case = protocol_case(attention or target.attention, options, n, threads, target.causal)
         row = rows.get(case.key())
-        return row[field] if row and row["status"] == "ok" else None
+        return row.get(field) if row and row["status"] == "ok" else None
 
     def ratio(target: Target, field: str) -> float:
         short, long = (measured(target, n, field) for n in SCALING_NS)
@@ -100,7 +122,7 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
 
     table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, min)")
     headers = ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target")
-    for header in (*headers, "mem(8192)/mem(2048)", "target", "met"):
+    for header in (*headers, "mem(8192)/mem(2048)", "target", "step(4096)/step(256)", "target", "met"):
         table.add_column(header)
     for target in selected(names):
         label = target.attention + (" (causal)" if target.causal else "")
@@ -109,11 +131,11 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
         if ms is None or full_ms is None:
             case = protocol_case(target.attention, target.options, SPEEDUP_N, threads, target.causal)
             status = rows.get(case.key(), {}).get("status", "-")
-            table.add_row(label, str(target.options), *["-"] * 8, status)
+            table.add_row(label, str(target.options), *["-"] * 10, status)
             continue
         speedup = full_ms / ms
         met = target.min_speedup is None or speedup >= target.min_speedup
-        scaling = memory = "-"
+        scaling = memory = decoding = "-"
         if target.max_scaling is not None:
             time_ratio = ratio(target, "time_ms_min")
             scaling = f"{time_ratio:.2f}"
@@ -122,6 +144,12 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
             memory_ratio = ratio(target, "peak_mb")
             memory = f"{memory_ratio:.2f}"
             met = met and memory_ratio <= target.max_memory_growth
+        if target.constant_decoding:
+            short, long = (rows.get(decode_case(target, n, threads).key(), {}) for n in DECODE_NS)
+            ok = short.get("status") == long.get("status") == "ok"
+            step_ratio = long["time_ms_min"] / short["time_ms_min"] if ok else float("nan")
+            decoding = f"{step_ratio:.2f}"
+            met = met and step_ratio <= MAX_DECODE_GROWTH
         table.add_row(
             label,
             str(target.options),
@@ -133,6 +161,8 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
             f"<= {target.max_scaling}" if target.max_scaling else "-",
             memory,
             f"<= {target.max_memory_growth}" if target.max_memory_growth else "-",
+            decoding,
+            f"<= {MAX_DECODE_GROWTH}" if target.constant_decoding else "-",
             "yes" if met else "NO",
         )
     return table

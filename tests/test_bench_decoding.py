@@ -85,3 +85,31 @@ def test_decoding_table_gives_the_cache_speedup_per_mechanism():
     assert "| full | 8 | 10 | 70 | 7.0x |" in table
     assert "| local:window=4 | 8 | error | 50 | error |" in table
     assert bench_tables.decoding_table([row(cached_full, mode="fwd", time_ms_median=1.0)]) == ""
+
+
+@pytest.mark.parametrize("attention", ["full", "linear", "local"])
+def test_decode_step_mode_times_one_step_after_a_prefill(attention, monkeypatch):
+    config = tiny_config(attentions=[AttentionSpec(attention)], levels=["core"], modes=["decode-step"], seq_lens=[16])
+    (case,) = expand(config, "cpu")
+    assert (case.level, case.mode) == ("core", "decode-step") and precheck(case) is None
+    import attention_zoo as az
+
+    calls = []
+    decode = az.AttentionCore.decode
+
+    def counting(core, q, k, v, state, *, mask=None):
+        calls.append((q.shape[-2], state.length))
+        return decode(core, q, k, v, state, mask=mask)
+
+    monkeypatch.setattr(az.AttentionCore, "decode", counting)
+    result = measure_case(case, repeats=2, warmup=1)
+    assert result["status"] == "ok", result and case_flops(case) is None
+    # a prefill of n positions, then one position per timed call (warm-up, repeats, the memory call)
+    assert calls == [(16, 0), (1, 16), (1, 17), (1, 18), (1, 19)]
+
+
+def test_decode_step_needs_the_core_level_and_a_causal_core():
+    with pytest.raises(ValueError, match="add level core"):
+        BenchConfig(modes=["decode-step"], levels=["seq2seq"])
+    (case,) = expand(tiny_config(attentions=[AttentionSpec("nystrom")], levels=["core"], modes=["decode-step"]), "cpu")
+    assert precheck(case)["status"] == "unsupported"
