@@ -28,6 +28,9 @@ Custom Scalars layout with one chart per metric; ``runs.csv``, ``summary.csv``, 
 ``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved ``compare.yaml``. With ``--bench DIR``
 (a ``zoo bench --out`` folder) it also writes ``zoo report``'s Pareto plot and length table.
 
+``--test`` also runs ``zoo test`` on each run's ``last.ckpt`` once it is fitted (translation: test BLEU with
+beam search, chrF, decoding speed); the test metrics join the run's row (``test_*`` columns).
+
 Rerunning the same command resumes: runs that finished are kept, unfinished ones continue from their last
 checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An experiment directory that
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
@@ -59,6 +62,7 @@ from experiments.compare_runs import (
     failure_reason,
     fit_command,
     is_finished,
+    is_tested,
     prepare_directory,
     read_record,
     run_row,
@@ -70,7 +74,7 @@ from experiments.tensorboard_layout import write_layout
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
-RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric")
+RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric", "test")
 
 
 def build_parser() -> ArgumentParser:
@@ -98,6 +102,9 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--metric", type=str | None, default=None, help="rank by this metric (default: val_acc...)")
     parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
     parser.add_argument("--fresh", type=bool, default=False, help="never resume: use a new experiment directory")
+    parser.add_argument(
+        "--test", type=bool, default=False, help="after each fit, zoo test its last.ckpt (test metrics join the run)"
+    )
     return parser
 
 
@@ -253,7 +260,7 @@ def main(argv: list[str]) -> int:
 
     seeds = list(range(config.seed, config.seed + config.seeds))
     runs = [Run(entry, seed) for seed in seeds for entry in entries]  # seed-major: whole seeds finish first
-    done = [r for r in runs if is_finished(r.directory(directory))]
+    done = [r for r in runs if _is_done(r.directory(directory), config.test)]
     out.print(
         f"{'resuming' if resuming else 'new experiment'} {directory}: {len(entries)} mechanism(s) x {len(seeds)} "
         f"seed(s) = {len(runs)} runs" + (f", {len(done)} finished earlier" if done else "")
@@ -322,25 +329,34 @@ def _do_run(
     out: Any,
 ) -> dict[str, Any]:
     run_dir = run.directory(directory)
-    if is_finished(run_dir):
+    if _is_done(run_dir, config.test):
         return run_row(run, run_dir, status="ok", wall_s=None)
     if stop.is_set():
         return run_row(run, run_dir, status="not run", wall_s=None, reason="the comparison was interrupted first")
-    how = prepare_directory(run_dir)
-    command = fit_command(run, task_config, directory, fit_args, vary_data_order=vary_data_order)
     task = progress.add_task(run.name, total=None)
-    returncode, wall, ended = execute(
-        command,
-        run_dir,
-        threads=config.threads,
-        timeout=config.timeout,
-        stop=stop,
-        on_progress=lambda step, total: progress.update(task, completed=step, total=total),
-    )
-    record = read_record(run_dir)
-    ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
-    status = "ok" if ok else ("interrupted" if ended == "interrupted" else "failed")
-    reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, config.timeout)
+    settings = dict(threads=config.threads, timeout=config.timeout, stop=stop)
+    how, wall, ok, reason = "already fitted", 0.0, True, ""
+    if not is_finished(run_dir):
+        how = prepare_directory(run_dir)
+        command = fit_command(run, task_config, directory, fit_args, vary_data_order=vary_data_order)
+        returncode, wall, ended = execute(
+            command,
+            run_dir,
+            **settings,
+            on_progress=lambda step, total: progress.update(task, completed=step, total=total),
+        )
+        record = read_record(run_dir)
+        ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
+        reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, config.timeout)
+    if ok and config.test:
+        command = fit_command(run, task_config, directory, fit_args, vary_data_order=False, subcommand="test")
+        returncode, tested_wall, ended = execute(command, run_dir, **settings, log_name="test.log")
+        wall += tested_wall
+        ok = returncode == 0 and is_tested(run_dir) and ended == "exited"
+        reason = (
+            "" if ok else "zoo test: " + failure_reason(returncode, {}, run_dir / "test.log", ended, config.timeout)
+        )
+    status = "ok" if ok else ("interrupted" if stop.is_set() else "failed")
     progress.update(task, description=f"{run.name} [{'green' if ok else 'red'}]{status}[/]")
     progress.remove_task(task)
     row = run_row(run, run_dir, status=status, wall_s=wall, reason=reason)
@@ -352,6 +368,10 @@ def _do_run(
         + (f" - {reason}" if reason else "")
     )
     return row
+
+
+def _is_done(run_dir: Path, test: bool) -> bool:
+    return is_finished(run_dir) and (not test or is_tested(run_dir))
 
 
 def _single(value: Any):

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tasks.callbacks import RUN_RECORD
 
@@ -59,6 +59,11 @@ def is_finished(run_dir: Path) -> bool:
     return read_record(run_dir).get("status") == "finished"
 
 
+def is_tested(run_dir: Path) -> bool:
+    """``zoo test`` has added the run's test metrics to its run.json (``tasks.callbacks.RunRecord``)."""
+    return bool(read_record(run_dir).get("tested_checkpoint"))
+
+
 def resume_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint an unfinished run continues from, if it saved one."""
     last = run_dir / "checkpoints" / "last.ckpt"
@@ -66,9 +71,16 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
 
 
 def fit_command(
-    run: Run, task_config: str, experiment: Path, fit_args: list[str], *, vary_data_order: bool
+    run: Run,
+    task_config: str,
+    experiment: Path,
+    fit_args: list[str],
+    *,
+    vary_data_order: bool,
+    subcommand: Literal["fit", "test"] = "fit",
 ) -> list[str]:
-    """The ``zoo fit`` command line of ``run`` (continuing from its ``last.ckpt`` when there is one)."""
+    """The ``zoo fit`` command line of ``run`` (continuing from its ``last.ckpt`` when there is one), or with
+    ``subcommand="test"`` the ``zoo test`` of its ``last.ckpt``, logging into the same run directory."""
     logger = {
         "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
         "init_args": {
@@ -79,7 +91,7 @@ def fit_command(
         },
     }
     command = [
-        sys.executable, "-m", "experiments.cli", "fit", "-c", task_config,
+        sys.executable, "-m", "experiments.cli", subcommand, "-c", task_config,
         "--seed_everything", str(run.seed),
         "--model.attention", run.entry.attention,
         "--model.attention_options", json.dumps(run.entry.options),
@@ -88,6 +100,8 @@ def fit_command(
     ]  # fmt: skip
     if vary_data_order:
         command += ["--data.shuffle_seed", str(run.seed)]
+    if subcommand == "test":
+        return [*command, "--ckpt_path", str(run.directory(experiment) / "checkpoints" / "last.ckpt"), *fit_args]
     checkpoint = resume_checkpoint(run.directory(experiment))
     if checkpoint is not None:
         command += ["--ckpt_path", str(checkpoint)]
@@ -114,14 +128,15 @@ def execute(
     timeout: float | None,
     stop: threading.Event,
     on_progress: Any = None,
+    log_name: str = "fit.log",
 ) -> tuple[int, float, str]:
-    """Run ``command`` with its output in ``run_dir/fit.log``; return (exit code, wall seconds, how it
+    """Run ``command`` with its output in ``run_dir/<log_name>``; return (exit code, wall seconds, how it
     ended: ``"exited"``, ``"timed out"`` or ``"interrupted"``). ``on_progress(step, max_steps)`` is called
     while it runs; setting ``stop`` ends it early (SIGINT, then SIGKILL after 15 s)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     ended = "exited"
-    with open(run_dir / "fit.log", "a") as log:
+    with open(run_dir / log_name, "a") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         while process.poll() is None:
             record = read_record(run_dir)

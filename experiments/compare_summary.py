@@ -27,11 +27,13 @@ RUN_COLUMNS = (
 )  # fmt: skip
 #: aggregated over seeds in every summary, whether or not the task logs further metrics
 CORE_METRICS = ("val_acc", "val_loss", "val_ppl", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "fit_s")
-LOWER_IS_BETTER = ("loss", "ppl", "mem", "_s")
+LOWER_IS_BETTER = ("loss", "ppl", "mem_mb", "fit_s", "wall_s")
 
 
 def lower_is_better(metric: str) -> bool:
-    return metric.endswith(LOWER_IS_BETTER) and metric != "tokens_per_s"
+    """Loss, perplexity, memory and durations; everything else (accuracy, BLEU, rates per second) is better
+    higher."""
+    return metric.endswith(LOWER_IS_BETTER)
 
 
 def primary_metric(rows: list[dict[str, Any]]) -> str:

@@ -231,3 +231,32 @@ def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
         statuses = [(r["mechanism"], r["status"]) for r in csv.DictReader(file)]
     assert statuses == [("full", "interrupted"), ("local", "not run")]
     assert (experiment / "summary.md").is_file()
+
+
+def test_lower_is_better_knows_losses_memory_and_durations_from_rates():
+    from experiments.compare_summary import lower_is_better
+
+    assert all(map(lower_is_better, ["val_loss", "val_ppl", "train_mem_mb", "fit_s"]))
+    assert not any(map(lower_is_better, ["val_acc", "test_bleu", "tokens_per_s", "test_greedy_cached_sentences_per_s"]))
+
+
+@pytest.mark.slow
+def test_compare_with_test_adds_each_runs_test_metrics(tmp_path):
+    env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache")}
+    fit_args = ["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
+                "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16",
+                "--model.depth=1", "--trainer.max_steps=2", "--trainer.val_check_interval=2"]  # fmt: skip
+    command = [
+        sys.executable, "-m", "experiments.cli", "compare", "--task_config", str(ROOT / "configs" / "recall.yaml"),
+        "--attentions", "full", "--runs_dir", str(tmp_path / "runs"), "--experiment", "tested", "--test", "true",
+        "--fit_args", json.dumps(fit_args),
+    ]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "runs" / "tested" / "full" / "seed-0"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished" and record["tested_checkpoint"].endswith("last.ckpt")
+    assert 0 <= record["metrics"]["test/acc"] <= 1 and (run_dir / "test.log").is_file()
+    with open(tmp_path / "runs" / "tested" / "runs.csv") as file:
+        (row,) = list(csv.DictReader(file))
+    assert float(row["test_acc"]) == pytest.approx(record["metrics"]["test/acc"])
