@@ -41,6 +41,7 @@ finished (the rest marked interrupted or not run) and exits with 130.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import platform
@@ -180,7 +181,7 @@ def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -
             try:
                 with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
                     _, data = build(argv)
-                shuffle = shuffle or hasattr(data, "shuffle_seed")
+                shuffle = shuffle or "shuffle_seed" in inspect.signature(type(data).__init__).parameters
             except SystemExit:  # jsonargparse reports a bad argument on stderr and exits
                 lines = [line for line in errors.getvalue().splitlines() if line.startswith("error:")]
                 problems.append(f"{entry.label}: {lines[-1] if lines else errors.getvalue().strip()[-300:]}")

@@ -307,6 +307,12 @@ class ZooDataModule(LightningDataModule):
         for split in needed.get(stage, SPLITS):
             self.load_split(split)
 
+    def order_seed(self) -> int:
+        """The seed of the training order: from ``shuffle_seed`` when given, else from ``seed``."""
+        if self.shuffle_seed is None:
+            return derive_seed(self.seed, "shuffle")
+        return derive_seed(self.shuffle_seed, "order")
+
     def _replicas(self) -> tuple[int, int]:
         kwargs = getattr(self.trainer, "distributed_sampler_kwargs", None) if self.trainer is not None else None
         return (kwargs["num_replicas"], kwargs["rank"]) if kwargs else (1, 0)
@@ -318,9 +324,7 @@ class ZooDataModule(LightningDataModule):
         sampler = EpochSampler(
             dataset,
             shuffle=train,
-            seed=derive_seed(self.seed, "shuffle")
-            if self.shuffle_seed is None
-            else derive_seed(self.shuffle_seed, "order"),
+            seed=self.order_seed(),
             num_replicas=num_replicas,
             rank=rank,
             redraw_per_epoch=train,

@@ -56,7 +56,6 @@ from tasks.data.base import (
     Split,
     ZooDataModule,
     cache_file,
-    derive_seed,
     epoch_and_index,
 )
 from tasks.data.gettext_corpus import normalise_whitespace
@@ -149,6 +148,7 @@ class TranslationDataModule(ZooDataModule):
         overlong: a longer pair is an ``"error"`` (default: raise, saying how many and the longest) or is
             dropped (``"drop"``: counted per split in ``corpus_summary()``).
         seed: seed of the synthetic pairs and of shuffling (not of the split, which is by source hash).
+        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
         batch_size: pairs per batch (per device under DDP).
         num_workers: DataLoader worker processes; 0 loads in the main process.
         pad_to_max_len: pad sources to ``max_source_len`` and targets to ``max_target_len``.
@@ -183,6 +183,7 @@ class TranslationDataModule(ZooDataModule):
         max_target_len: int = 256,
         overlong: Overlong = "error",
         seed: int = 0,
+        shuffle_seed: int | None = None,
         batch_size: int = 32,
         num_workers: int = 0,
         pad_to_max_len: bool = False,
@@ -190,6 +191,7 @@ class TranslationDataModule(ZooDataModule):
     ):
         super().__init__(
             seed=seed,
+            shuffle_seed=shuffle_seed,
             batch_size=batch_size,
             num_workers=num_workers,
             pad_to_max_len=pad_to_max_len,
@@ -340,7 +342,7 @@ class TranslationDataModule(ZooDataModule):
         sampler = EpochSampler(
             dataset,
             shuffle=train,
-            seed=derive_seed(self.seed, "shuffle"),
+            seed=self.order_seed(),
             num_replicas=num_replicas,
             rank=rank,
             redraw_per_epoch=train,
