@@ -224,10 +224,11 @@ def test_error_curves_are_finite_and_fall_to_zero_in_the_exact_limit():
 
 def test_lsh_is_compared_with_its_own_exact_limit():
     """Reformer Sec. 2: shared-QK attention, keys k_j = q_j / ||q_j||, a token attends to itself only when it has
-    no other key; LSH's reference is that, computed here from the definition."""
+    no other key; scores q_i . k_j with no further scale, as the authors' trax code; LSH's reference is that,
+    computed here from the definition."""
     head = gaussian_head()
     lsh = method("lsh-hashes")
-    scores = head.q @ (head.q / head.q.norm(dim=-1, keepdim=True)).mT / math.sqrt(head.dim_head)
+    scores = head.q @ (head.q / head.q.norm(dim=-1, keepdim=True)).mT
     shared_qk = scores.fill_diagonal_(float("-inf")).softmax(-1) @ head.v
     torch.testing.assert_close(head.reference(lsh), shared_qk, rtol=1e-10, atol=1e-12)
     assert head.errors(shared_qk, lsh) == (pytest.approx(0, abs=1e-10), None)

@@ -314,10 +314,15 @@ def main(argv: list[str]) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=out) as progress:
         task = progress.add_task("approx", total=len(todo))
-        for unit in todo:
-            progress.update(task, description=f"{unit.input} {unit.source} n={unit.n} sample {unit.sample}")
+        for index, unit in enumerate(todo, start=1):
+            name = f"{unit.input} {unit.source} n={unit.n} sample {unit.sample}" + (
+                f" layer {unit.jobs[0].layer}" if unit.input == "trained" and unit.jobs else ""
+            )
+            progress.update(task, description=name)
             log.append(run_unit(unit, done))
             progress.advance(task)
+            if not out.is_terminal:  # off a terminal (a log file) the bar is not redrawn: one line per unit
+                out.print(f"  {index}/{len(todo)} {name}")
     write_csv(directory / "summary.csv", summary_rows(log.rows()), SUMMARY_COLUMNS)
     written = plot(directory) if args.plot else []
     out.print(f"wrote {directory}/errors.csv, summary.csv, " + ", ".join(p.name for p in written))
