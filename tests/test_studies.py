@@ -30,6 +30,7 @@ def one_thread_and_private_cache(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+    assert torch.is_grad_enabled()  # the studies leave no global state behind for the tests that follow
 
 
 def write_run(folder: Path, attention: str = "full", options: dict | None = None, seed: int = 0) -> Path:

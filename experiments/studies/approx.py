@@ -283,7 +283,6 @@ def main(argv: list[str]) -> int:
     if args.runs:
         found_full, found_linformer = find_runs(Path(args.runs), args.run_seed)
         trained, learned = trained + found_full, learned + found_linformer
-    torch.set_grad_enabled(False)
     learned_runs = [load_run(p) for p in learned]
     banks = [LearnedProjections(run.encoder, run.label) for run in learned_runs]
 
@@ -319,7 +318,8 @@ def main(argv: list[str]) -> int:
                 f" layer {unit.jobs[0].layer}" if unit.input == "trained" and unit.jobs else ""
             )
             progress.update(task, description=name)
-            log.append(run_unit(unit, done))
+            with torch.no_grad():
+                log.append(run_unit(unit, done))
             progress.advance(task)
             if not out.is_terminal:  # off a terminal (a log file) the bar is not redrawn: one line per unit
                 out.print(f"  {index}/{len(todo)} {name}")

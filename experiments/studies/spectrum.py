@@ -240,8 +240,8 @@ def main(argv: list[str]) -> int:
     trained = load_run(Path(args.checkpoint), args.config and Path(args.config))
     control = load_run(Path(args.checkpoint), args.config and Path(args.config), random_init_seed=args.control_seed)
     data = load_data_module(trained)
-    torch.set_grad_enabled(False)
-    moments = measure({"trained": trained, "random init": control}, data, args.sequences, out)
+    with torch.no_grad():
+        moments = measure({"trained": trained, "random init": control}, data, args.sequences, out)
     directory = Path(args.out)
     write_csv(directory / "spectrum.csv", curve_rows(moments), CURVE_COLUMNS)
     meta = {
