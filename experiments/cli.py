@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "join a compare and a bench: Pareto plot, which mechanism at which length",
     ),
+    "study": ("experiments.studies.cli", "main", "the papers' claims as studies: spectrum, approx, mlm"),
     "fit": ("tasks.cli", "run_fit", "train a task (LightningCLI; zoo fit -c configs/listops.yaml --help)"),
     "validate": ("tasks.cli", "run_validate", "evaluate a checkpoint on the validation split"),
     "test": ("tasks.cli", "run_test", "evaluate a checkpoint on the test split"),

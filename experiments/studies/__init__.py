@@ -1,0 +1,1 @@
+"""The source papers' claims as reproducible studies (``zoo study <name>``); see ``experiments/studies/cli.py``."""

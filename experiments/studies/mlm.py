@@ -1,0 +1,205 @@
+"""``zoo study mlm``: MLM validation perplexity of Linformer vs k, n and sharing (Linformer Fig. 3, Table 2).
+
+Wang et al. 2020, "Linformer", arXiv:2006.04768, Sec. 5.1: at k = 128 for n = 512 and k = 256 for n = 1024
+Linformer is "nearly on par" with the Transformer (Fig. 3 a, b); the sharing modes are about equal, layerwise
+included (Fig. 3 c; Table 2 even has layerwise best downstream); at fixed k the final perplexity stays about
+the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of the configs in
+``experiments/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
+collects them, whatever is finished so far, and says which runs and seeds exist.
+
+    zoo study mlm --runs_dir /work/runs/linformer_paper --out experiments/results/linformer_paper/mlm
+    zoo study mlm --replot experiments/results/linformer_paper/mlm
+
+Writes ``curves.csv`` (val/ppl by step from each run's TensorBoard events), ``runs.csv`` (one row per expected
+run: status, final val/ppl from ``run.json``), ``table.csv`` and ``table.md`` (final perplexity per variant:
+mean, std and 95% interval over the finished seeds, with coverage), then ``fig3.png`` from the CSVs
+(``mlm_plots``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from attention_zoo import attention_options, get_attention_class
+from attention_zoo.linformer import DEFAULT_K
+from experiments.compare import plan
+from experiments.compare_runs import read_record
+from experiments.console import console
+from experiments.stats import summarize
+from experiments.studies.common import write_csv
+from experiments.studies.mlm_plots import plot
+
+CONFIGS = Path(__file__).resolve().parent / "linformer_mlm"
+CURVE_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "val_ppl"]
+RUN_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "max_steps",
+               "final_val_ppl", "run_dir"]  # fmt: skip
+TABLE_COLUMNS = ["n", "attention", "k", "sharing", "seeds_expected", "seeds_finished", "seeds", "mean", "std",
+                 "ci_low", "ci_high"]  # fmt: skip
+METRIC = "val/ppl"
+
+
+@dataclass(frozen=True)
+class ExpectedRun:
+    experiment: str
+    n: int
+    attention: str
+    k: int | None
+    sharing: str
+    label: str
+    seed: int
+    directory: Path
+
+
+def option_default(attention: str, name: str) -> Any:
+    specs = {s.name: s for s in attention_options(get_attention_class(attention))}
+    return specs[name].default if name in specs else None
+
+
+def expected_runs(configs: Path, runs_dir: Path | None) -> list[ExpectedRun]:
+    """Every (experiment, mechanism, seed) the study's ``zoo compare`` configs ask for."""
+    runs = []
+    for path in sorted(configs.glob("*.yaml")):
+        config = yaml.safe_load(path.read_text()) or {}
+        n = _max_seq_len(config.get("fit_args", []), path)
+        root = runs_dir if runs_dir is not None else Path(config.get("runs_dir", "runs"))
+        first, count = int(config.get("seed", 0)), int(config.get("seeds", 1))
+        for entry in plan(config["attentions"], config.get("options") or {}):
+            k, sharing = None, ""
+            if entry.attention == "linformer":
+                k = entry.options.get("k", min(DEFAULT_K, n))
+                sharing = entry.options.get("sharing", option_default("linformer", "sharing"))
+            for seed in range(first, first + count):
+                directory = root / config["experiment"] / entry.label / f"seed-{seed}"
+                runs.append(
+                    ExpectedRun(config["experiment"], n, entry.attention, k, sharing, entry.label, seed, directory)
+                )
+    return runs
+
+
+def _max_seq_len(fit_args: list[str], path: Path) -> int:
+    for index, arg in enumerate(fit_args):
+        if arg.startswith("--data.max_seq_len="):
+            return int(arg.split("=", 1)[1])
+        if arg == "--data.max_seq_len" and index + 1 < len(fit_args):
+            return int(fit_args[index + 1])
+    raise ValueError(f"{path}: fit_args set no --data.max_seq_len, so the study cannot tell its n")
+
+
+def read_curve(directory: Path, tag: str = METRIC) -> list[tuple[int, float]]:
+    """(step, value) of ``tag`` in the run's event files; a step logged twice (a resumed run) keeps the later."""
+    if not directory.is_dir():
+        return []
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    if tag not in accumulator.Tags().get("scalars", []):
+        return []
+    latest: dict[int, tuple[float, float]] = {}
+    for event in accumulator.Scalars(tag):
+        if event.step not in latest or event.wall_time >= latest[event.step][0]:
+            latest[event.step] = (event.wall_time, event.value)
+    return [(step, value) for step, (_, value) in sorted(latest.items())]
+
+
+def collect(expected: list[ExpectedRun]) -> tuple[list[dict], list[dict]]:
+    """(curve rows, run rows) of every expected run, present or not."""
+    curves, runs = [], []
+    for run in expected:
+        record = read_record(run.directory)
+        status = record.get("status", "missing" if not run.directory.exists() else "no record")
+        final = record.get("metrics", {}).get(METRIC) if status == "finished" else None
+        base = {"experiment": run.experiment, "n": run.n, "attention": run.attention, "k": run.k or "",
+                "sharing": run.sharing, "label": run.label, "seed": run.seed, "status": status}  # fmt: skip
+        final_text = "" if final is None else f"{final:.6g}"
+        progress = {"step": record.get("step", ""), "max_steps": record.get("max_steps", "")}
+        runs.append(base | progress | {"final_val_ppl": final_text, "run_dir": str(run.directory)})
+        curves += [base | {"step": step, "val_ppl": f"{value:.6g}"} for step, value in read_curve(run.directory)]
+    return curves, runs
+
+
+def table_rows(runs: list[dict]) -> list[dict]:
+    """Final perplexity per (n, attention, k, sharing) over its finished seeds, in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in runs:
+        groups.setdefault((row["n"], row["attention"], row["k"], row["sharing"]), []).append(row)
+    table = []
+    for (n, attention, k, sharing), rows in groups.items():
+        finished = [r for r in rows if r["status"] == "finished" and r["final_val_ppl"] != ""]
+        interval = summarize([float(r["final_val_ppl"]) for r in finished])
+        item = {"n": n, "attention": attention, "k": k, "sharing": sharing, "seeds_expected": len(rows),
+                "seeds_finished": len(finished), "seeds": " ".join(str(r["seed"]) for r in finished)}  # fmt: skip
+        for part, name in (("mean", "mean"), ("std", "std"), ("low", "ci_low"), ("high", "ci_high")):
+            item[name] = "" if interval is None else f"{getattr(interval, part):.4f}"
+        table.append(item)
+    return table
+
+
+def markdown(table: list[dict], runs: list[dict]) -> str:
+    lines = [
+        "| n | model | k | sharing | final val ppl, mean ± std | 95% interval | seeds finished |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in table:
+        value = f"{float(row['mean']):.3f} ± {float(row['std']):.3f}" if row["mean"] else "-"
+        interval = f"[{float(row['ci_low']):.3f}, {float(row['ci_high']):.3f}]" if row["seeds_finished"] > 1 else "-"
+        seeds = f"{row['seeds_finished']}/{row['seeds_expected']}" + (f" ({row['seeds']})" if row["seeds"] else "")
+        lines.append(
+            f"| {row['n']} | {row['attention']} | {row['k'] or '-'} | {row['sharing'] or '-'} | {value} | {interval} "
+            f"| {seeds} |"
+        )
+    missing = [r for r in runs if r["status"] != "finished"]
+    lines += ["", f"Coverage: {len(runs) - len(missing)} of {len(runs)} expected runs finished."]
+    if missing:
+        lines.append("Not finished (status, step reached):")
+        lines += [
+            f"- {r['experiment']}/{r['label']}/seed-{r['seed']}: {r['status']}"
+            + (f", step {r['step']} of {r['max_steps']}" if r["step"] != "" else "")
+            for r in missing
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="zoo study mlm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", type=str, default=str(CONFIGS), help="folder of the study's zoo compare configs")
+    parser.add_argument(
+        "--runs_dir", type=str | None, default=None, help="where the experiments ran (default: each config's runs_dir)"
+    )
+    parser.add_argument("--out", type=str, default="runs/studies/mlm", help="output folder")
+    parser.add_argument("--replot", type=str | None, default=None, help="redraw the figure of this folder's CSVs")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = console()
+    if args.replot:
+        written = plot(Path(args.replot))
+        out.print("wrote " + ", ".join(str(p) for p in written))
+        return 0
+    expected = expected_runs(Path(args.configs), Path(args.runs_dir) if args.runs_dir else None)
+    if not expected:
+        parser.error(f"no zoo compare config (*.yaml) in {args.configs}")
+    curves, runs = collect(expected)
+    table = table_rows(runs)
+    directory = Path(args.out)
+    write_csv(directory / "curves.csv", curves, CURVE_COLUMNS)
+    write_csv(directory / "runs.csv", runs, RUN_COLUMNS)
+    write_csv(directory / "table.csv", table, TABLE_COLUMNS)
+    (directory / "table.md").write_text(markdown(table, runs))
+    (directory / "mlm.json").write_text(
+        json.dumps({"configs": args.configs, "runs_dir": args.runs_dir}, indent=2) + "\n"
+    )
+    written = plot(directory)
+    finished = sum(r["status"] == "finished" for r in runs)
+    out.print(f"{finished} of {len(runs)} runs finished; wrote {directory}/curves.csv, runs.csv, table.csv, table.md, "
+              + ", ".join(p.name for p in written))  # fmt: skip
+    return 0
