@@ -104,6 +104,9 @@ class AttentionCore(nn.Module):
     notes: ClassVar[str] = ""
     #: :meth:`decode` keeps a state of its own (a cache) instead of recomputing the whole prefix per step
     has_decoding_cache: ClassVar[bool] = False
+    #: a query's output depends on no other query and not on its index in the call, so a decoder may feed its
+    #: cross-attention queries one step at a time or stacked (beam search); False for position-weighted cores
+    position_free_queries: ClassVar[bool] = True
     #: for a core without causal attention: the registered core a decoder uses for causal self-attention
     #: instead (e.g. ``linformer`` -> ``linformer_causal``); None when there is none
     causal_counterpart: ClassVar[str | None] = None

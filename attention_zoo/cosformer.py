@@ -54,6 +54,9 @@ from attention_zoo.registry import register_attention
 class CosFormerAttention(KernelAttention):
     exact: ClassVar[bool] = False
     requires_max_seq_len: ClassVar[bool] = True
+    #: the re-weighting reads each query's index in the call, which a decoder's step-by-step cross-attention
+    #: cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only
+    position_free_queries: ClassVar[bool] = False
     example_configs = ({"chunk_size": 8}, {"chunk_size": 6})
     notes: ClassVar[str] = (
         "ReLU kernel times cos(pi/2 (i-j)/M) with M = max_seq_len (not the call's length, so causal outputs and "

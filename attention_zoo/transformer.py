@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from attention_zoo.core import BuildContext, DecodingState
 from attention_zoo.mha import MultiHeadAttention, ProjectedMemory
+from attention_zoo.registry import get_attention_class, list_attentions
 
 Positional = Literal["learned", "sinusoidal"]
 
@@ -253,6 +254,15 @@ class TransformerDecoder(_Backbone):
         positional: Positional = "learned",
     ) -> None:
         super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
+        if not get_attention_class(cross_attention).position_free_queries:
+            usable = [
+                n for n in list_attentions()
+                if get_attention_class(n).supports_cross_attention and get_attention_class(n).position_free_queries
+            ]  # fmt: skip
+            raise ValueError(
+                f"cross_attention={cross_attention!r} weights a query by its position in the call, which step-by-step "
+                f"decoding (one query at a time, or beams stacked) does not reproduce; use one of {', '.join(usable)}"
+            )
         self.layers = nn.ModuleList(
             DecoderLayer(
                 dim,

@@ -271,7 +271,7 @@ def test_cross_attention_memory_is_projected_once_per_source():
 def cross_configs():
     for name in az.list_attentions():
         cls = az.get_attention_class(name)
-        if cls.supports_cross_attention:
+        if cls.supports_cross_attention and cls.position_free_queries:
             for i, options in enumerate(cls.example_configs):
                 yield pytest.param(name, options, id=f"{name}-{i}")
 
@@ -281,7 +281,7 @@ def test_cross_attention_queries_are_independent(attention, options):
     """Stacking several hypotheses' queries on one source row (beam search) is exact only if a query's
     output depends on no other query: every core that supports cross-attention must have this property."""
     torch.manual_seed(0)
-    core = az.create_attention(attention, dim_head=8, heads=2, max_seq_len=64, **options).double()
+    core = az.create_attention(attention, dim_head=8, heads=2, max_seq_len=64, **options).double().eval()
     q = torch.randn(2, 2, 6, 8, dtype=torch.float64)
     k, v = (torch.randn(2, 2, 24, 8, dtype=torch.float64) for _ in range(2))
     mask = pad_mask(torch.tensor([24, 17]), 24)
@@ -289,3 +289,15 @@ def test_cross_attention_queries_are_independent(attention, options):
     for i in range(6):
         alone = core(q[:, :, i : i + 1], k, v, mask=mask)
         torch.testing.assert_close(together[:, :, i : i + 1], alone, rtol=0, atol=1e-12)
+
+
+def test_a_decoder_refuses_cross_attention_that_weights_queries_by_position():
+    position_weighted = [n for n in az.list_attentions() if not az.get_attention_class(n).position_free_queries]
+    assert "cosformer" in position_weighted
+    for name in position_weighted:
+        with pytest.raises(ValueError, match=f"cross_attention={name!r} weights a query by its position.*use one of"):
+            az.TransformerDecoder(50, 16, 1, 2, 32, cross_attention=name, memory_max_seq_len=32)
+    # the property the refusal protects: cosformer's cross-attention output of a query depends on its index
+    core = az.create_attention("cosformer", dim_head=8, heads=2, max_seq_len=64).double()
+    q, k = torch.randn(1, 2, 3, 8, dtype=torch.float64), torch.randn(1, 2, 10, 8, dtype=torch.float64)
+    assert not torch.allclose(core(q, k, k)[:, :, 2:], core(q[:, :, 2:], k, k))
