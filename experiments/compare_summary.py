@@ -83,13 +83,13 @@ def rank(summary: list[dict[str, Any]], metric: str) -> None:
     sign = 1 if lower_is_better(metric) else -1
     scored.sort(key=lambda s: sign * s["intervals"][metric].mean)
     for s in summary:
-        s["rank"], s["tied"] = "-", False
+        s["rank"], s["tied"], s["order"] = "-", False, 10**6
     if not scored:
         return
     best = scored[0]["intervals"][metric]
     for position, s in enumerate(scored, start=1):
         tied = s["intervals"][metric].overlaps(best)
-        s["tied"] = tied
+        s["tied"], s["order"] = tied, position
         s["rank"] = "1" if position == 1 else ("=1" if tied else str(position))
 
 
@@ -141,8 +141,8 @@ def write_outputs(directory: Path, rows: list[dict[str, Any]], header: list[str]
 
 
 def _rank_order(s: dict[str, Any]) -> tuple[int, str]:
-    digits = s["rank"].lstrip("=")
-    return (int(digits) if digits.isdigit() else 10**6, s["mechanism"])
+    """Best first, then by mean (ties with the best keep their place by mean), unscored last."""
+    return (s.get("order", 10**6), s["mechanism"])
 
 
 def _md(text: str) -> str:
