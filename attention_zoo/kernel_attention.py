@@ -172,9 +172,10 @@ class KernelAttention(AttentionCore):
 
 
 def normalised(sums: Tensor) -> Tensor:
-    """Numerator over denominator (the last column); 0 where the denominator is 0, with finite gradients."""
+    """Numerator over denominator (the last column); 0 where the denominator is 0, with finite gradients.
+    A NaN denominator (NaN or inf in q or k) stays NaN: non-finite input must not turn into zeros."""
     numerator, denominator = sums[..., :-1], sums[..., -1:]
-    some = denominator > 0
+    some = ~(denominator <= 0)  # not `> 0`: that is False for NaN, which would hide the NaN as a 0
     return torch.where(some, numerator / torch.where(some, denominator, 1.0), 0.0)
 
 

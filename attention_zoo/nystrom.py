@@ -88,6 +88,13 @@ def iterative_pinv(a: Tensor, iterations: int) -> Tensor:
     return z
 
 
+def exact_pinv(a: Tensor) -> Tensor:
+    """``torch.linalg.pinv`` of each ``(..., m, m)`` matrix; NaN for a matrix holding NaN or inf (the SVD
+    refuses those with a raw LinAlgError), so non-finite input gives NaN out, as in every other core."""
+    finite = torch.isfinite(a).all(dim=-1, keepdim=True).all(dim=-2, keepdim=True)
+    return torch.linalg.pinv(torch.where(finite, a, 0.0)).masked_fill(~finite, float("nan"))
+
+
 def segment_layout(mask: Tensor | None, n: int, m: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Which landmark segment each position belongs to (see the module docstring).
 
@@ -227,7 +234,7 @@ class NystromAttention(AttentionCore):
             a = masked_softmax(einsum(q_land * self.scale, k_land, "b h i d, b h j d -> b h i j"), landmarks)
             if present is not None:  # empty landmarks: zero rows, and an identity block that F~ never reads
                 a = a * rearrange(present, "b i -> b 1 i 1") + torch.diag_embed(rearrange(~present, "b i -> b 1 i"))
-            z = iterative_pinv(a, self.pinv_iterations) if self.pinv == "iterative" else torch.linalg.pinv(a)
+            z = iterative_pinv(a, self.pinv_iterations) if self.pinv == "iterative" else exact_pinv(a)
             out = SoftmaxProduct.apply(q.to(work), k_land * self.scale, z @ bv.to(work), landmarks)  # F~ (A~^+ B~ V)
             out = out.to(q.dtype)
         if self.conv is not None:

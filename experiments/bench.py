@@ -12,6 +12,8 @@ flags take comma-separated values; a mechanism config is ``name:opt=value,opt=va
 project has a target for it, else its defaults, else its first example config (tiny: a test config).
 ``full`` (SDPA backend) is added as the baseline when the sweep lacks it. A rerun with the same
 ``--out`` resumes: cases already in ``results.jsonl`` are skipped (``--retry-failed`` redoes failures).
+``--launcher ray`` spreads the cases over a Ray cluster, one timing case per device at a time
+(``experiments/ray_launcher.py``); the default ``local`` runs them one after another and never imports Ray.
 
 Nothing runs (and ``--out`` is not created) until the whole sweep is valid: a bad setting, an entry its
 mechanism rejects at every size, or a sweep of no case at all ends ``zoo bench`` with exit code 2 and
@@ -79,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the performance-target cases (of the --attentions named, default all) and print them",
     )
+    parser.add_argument(
+        "--launcher", choices=["local", "ray"], default="local", help="local: one case after another; ray: Ray tasks"
+    )
+    parser.add_argument("--ray-address", help="ray: auto, ray://host:port or host:port (default: a local Ray)")
+    parser.add_argument("--run-cpus", type=float, help="ray: CPUs reserved per case (default 1)")
     return parser
 
 
@@ -147,6 +154,9 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.launcher == "local" and (args.ray_address is not None or args.run_cpus is not None):
+        print("zoo bench: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
+        return 2
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:
@@ -156,9 +166,21 @@ def main(argv: list[str]) -> int:
         return 2
     out = console()
     device = "cpu" if args.check_targets else resolve_device(config.device)
+    if args.launcher == "ray" and not args.report_only:
+        from experiments import ray_launcher
+
+        try:  # before --out is created: Ray installed, reachable, one timing slot per device
+            ray_launcher.connect(args.ray_address, bench_device=device)
+        except ray_launcher.RayLauncherError as error:
+            print(f"zoo bench: error: {error}", file=sys.stderr)
+            return 2
     args.out = args.out or ("runs/targets" if args.check_targets else "runs/bench")
     store = ResultStore(args.out)
-    if not args.report_only:
+    if args.launcher == "ray" and not args.report_only:
+        ray_launcher.run_bench(
+            config, store, device, cases, retry_failed=args.retry_failed, run_cpus=args.run_cpus or 1
+        )
+    elif not args.report_only:
         Runner(config, store, device).run(cases, retry_failed=args.retry_failed)
     paths = write_outputs(store)
     latest = store.latest()

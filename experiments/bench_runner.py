@@ -80,7 +80,7 @@ def run_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[s
 
 
 class Runner:
-    def __init__(self, config: BenchConfig, store: ResultStore, device: str) -> None:
+    def __init__(self, config: BenchConfig, store: ResultStore | None, device: str) -> None:
         self.config = config
         self.store = store
         self.machine = machine_info(device)
@@ -185,36 +185,47 @@ class Runner:
             "memory_budget_mb": budget_mb,
         }
 
+    def case_row(self, case: Case, code: str) -> dict[str, Any]:
+        """Measure one case: its result row, as stored."""
+        started = time.monotonic()
+        result = self.search_max_batch(case) if case.kind == "max_batch" else self.time_case(case)
+        row = dataclasses.asdict(case) | result
+        row |= {
+            "machine": self.machine,
+            "code": code,
+            "finished_at": now(),
+            "wall_s": round(time.monotonic() - started, 2),
+        }
+        row["load_avg_1m"] = os.getloadavg()[0]  # other work on the machine skews times: say so
+        return row
+
     def run(self, cases: list[Case], *, retry_failed: bool = False) -> int:
         """Measure every case the store lacks; returns how many ran."""
-        code = code_fingerprint()
-        done = {key: row for key, row in self.store.latest().items() if row.get("code") == code}
-        pending = [c for c in cases if c.key() not in done or (retry_failed and done[c.key()]["status"] != "ok")]
+        pending, code = pending_cases(self.store, cases, retry_failed=retry_failed)
         out = console()
-        if len(pending) < len(cases):
-            out.print(
-                f"resuming: {len(cases) - len(pending)} of {len(cases)} cases already in {self.store.path} "
-                f"(measured with this code, {code}; results of other code are measured again)"
-            )
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=out) as progress:
             task = progress.add_task("bench", total=len(pending))
             for case in pending:
                 progress.update(task, description=describe(case))
-                started = time.monotonic()
-                result = self.search_max_batch(case) if case.kind == "max_batch" else self.time_case(case)
-                row = dataclasses.asdict(case) | result
-                row |= {
-                    "machine": self.machine,
-                    "code": code,
-                    "finished_at": now(),
-                    "wall_s": round(time.monotonic() - started, 2),
-                }
-                row["load_avg_1m"] = os.getloadavg()[0]  # other work on the machine skews times: say so
+                row = self.case_row(case, code)
                 self.store.append(row)
                 progress.console.print(f"{describe(case)}: {summary(row)}")
                 progress.advance(task)
         return len(pending)
+
+
+def pending_cases(store: ResultStore, cases: list[Case], *, retry_failed: bool) -> tuple[list[Case], str]:
+    """The cases the store lacks (measured with this code), and this code's fingerprint; says what it skips."""
+    code = code_fingerprint()
+    done = {key: row for key, row in store.latest().items() if row.get("code") == code}
+    pending = [c for c in cases if c.key() not in done or (retry_failed and done[c.key()]["status"] != "ok")]
+    if len(pending) < len(cases):
+        console().print(
+            f"resuming: {len(cases) - len(pending)} of {len(cases)} cases already in {store.path} "
+            f"(measured with this code, {code}; results of other code are measured again)"
+        )
+    return pending, code
 
 
 def describe(case: Case) -> str:

@@ -36,6 +36,9 @@ checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An expe
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
 directory (``<experiment>-2``, ...). Ctrl-C stops the running subprocess cleanly, writes the summary of what
 finished (the rest marked interrupted or not run) and exits with 130.
+
+``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
+the cluster at ``--ray_address`` (``experiments/ray_launcher.py``); the default ``local`` never imports Ray.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ import io
 import logging
 import platform
 import signal
+import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentParser
@@ -59,23 +63,20 @@ import attention_zoo as az
 from experiments.compare_runs import (
     Entry,
     Run,
-    execute,
-    failure_reason,
-    fit_command,
+    attempt,
     is_finished,
     is_tested,
-    prepare_directory,
-    read_record,
     run_row,
 )
 from experiments.compare_summary import format_interval, primary_metric, print_table, write_outputs
 from experiments.console import console
+from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
 from experiments.tensorboard_layout import write_layout
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
-RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric", "test")
+RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric", "test", *LAUNCHER_SETTINGS)
 
 
 def build_parser() -> ArgumentParser:
@@ -106,6 +107,22 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--test", type=bool, default=False, help="after each fit, zoo test its last.ckpt (test metrics join the run)"
     )
+    parser.add_argument(
+        "--launcher", type=Literal["local", "ray"], default="local", help="local: one run after another; ray: Ray tasks"
+    )
+    parser.add_argument(
+        "--ray_address", "--ray-address", type=str | None, default=None,
+        help="ray: auto, ray://host:port or host:port (default: start a local Ray on this machine)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--run_cpus", "--run-cpus", type=float | None, default=None, help="ray: CPUs per run (default: --threads)"
+    )
+    parser.add_argument("--run_gpus", "--run-gpus", type=float, default=0, help="ray: GPUs per run")
+    parser.add_argument(
+        "--shared_dir", "--shared-dir", type=str | None, default=None,
+        help="ray: a folder every node mounts at the same path; the experiment goes there (instead of runs_dir) and "
+        "runs write into it directly (without it, a cluster run's files are sent back to this machine)",
+    )  # fmt: skip
     return parser
 
 
@@ -239,6 +256,15 @@ def main(argv: list[str]) -> int:
     out = console()
     if config.seeds < 1 or config.threads < 1:
         parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
+    ray_settings = [f"--{k}" for k in LAUNCHER_SETTINGS[1:] if getattr(config, k) not in (None, 0)]
+    if config.launcher == "local" and ray_settings:
+        parser.error(f"{', '.join(ray_settings)} go with --launcher ray")
+    if config.launcher == "ray":
+        try:
+            require_ray()
+        except RayLauncherError as error:
+            print(f"zoo compare: error: {error}", file=sys.stderr)
+            return 2
     task_config = str(Path(config.task_config.absolute))
     fit_args = [*config.fit_args, *fit_extra]
     try:
@@ -251,9 +277,16 @@ def main(argv: list[str]) -> int:
         parser.error("these entries cannot be built, nothing was run:\n  " + "\n  ".join(problems))
     resolved = yaml.safe_load(parser.dump(config, skip_none=False, skip_check=True))
     resolved["task_config"], resolved["fit_args"] = task_config, fit_args
+    if config.launcher == "ray":
+        try:  # before the experiment directory is made
+            connect(config.ray_address)
+        except RayLauncherError as error:
+            print(f"zoo compare: error: {error}", file=sys.stderr)
+            return 2
+    runs_dir = Path(config.shared_dir or config.runs_dir)  # --shared_dir: the runs directory every node sees
     try:
         directory, resuming = experiment_directory(
-            Path(config.runs_dir), config.experiment or Path(task_config).stem, _identity(resolved), config.fresh
+            runs_dir, config.experiment or Path(task_config).stem, _identity(resolved), config.fresh
         )
     except ValueError as error:
         parser.error(str(error))
@@ -273,17 +306,26 @@ def main(argv: list[str]) -> int:
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     rows: list[dict[str, Any]] = []
     try:
-        with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=out,
-        ) as progress:  # fmt: skip
-            overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
-            for run in runs:
-                rows.append(
-                    _do_run(run, directory, task_config, fit_args, config, vary_data_order, stop, progress, out)
-                )
-                if run not in done:
-                    progress.advance(overall)
+        if config.launcher == "ray":
+            from experiments.ray_launcher import run_compare
+
+            finish = lambda run, *result: _finish(run, run.directory(directory), *result, stop=stop, out=out)
+            pending = [run for run in runs if run not in done]
+            finished = run_compare(pending, len(runs), directory, task_config, fit_args, config, vary_data_order,
+                                   stop=stop, finish=finish, out=out)  # fmt: skip
+            rows = [finished.get(run.name) or _unrun_row(run, directory, config.test) for run in runs]
+        else:
+            with Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=out,
+            ) as progress:  # fmt: skip
+                overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
+                for run in runs:
+                    rows.append(
+                        _do_run(run, directory, task_config, fit_args, config, vary_data_order, stop, progress, out)
+                    )
+                    if run not in done:
+                        progress.advance(overall)
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -295,8 +337,13 @@ def main(argv: list[str]) -> int:
         f"- seeds {seeds[0]}..{seeds[-1]} per mechanism (model initialisation"
         + (" and training order" if vary_data_order else " only; the data module has no shuffle_seed")
         + "); the data are the same in every run",
-        f"- {config.threads} torch thread(s) per run, runs one after another; {platform.platform()}; "
-        f"Python {platform.python_version()}",
+        f"- {config.threads} torch thread(s) per run, "
+        + (
+            "runs one after another"
+            if config.launcher == "local"
+            else f"runs as Ray tasks at once ({config.run_cpus or config.threads:g} CPU, {config.run_gpus:g} GPU each)"
+        )
+        + f"; {platform.platform()}; Python {platform.python_version()}",
         "- val_*: last validation of the run; tokens_per_s: real (unpadded) tokens per second of training steps "
         "(forward, backward, optimizer) after 5 warm-up steps; peak_mem_mb: CUDA max allocated, or on CPU the run's "
         "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
@@ -330,36 +377,31 @@ def _do_run(
     out: Any,
 ) -> dict[str, Any]:
     run_dir = run.directory(directory)
-    if _is_done(run_dir, config.test):
-        return run_row(run, run_dir, status="ok", wall_s=None)
-    if stop.is_set():
-        return run_row(run, run_dir, status="not run", wall_s=None, reason="the comparison was interrupted first")
+    if _is_done(run_dir, config.test) or stop.is_set():
+        return _unrun_row(run, directory, config.test)
     task = progress.add_task(run.name, total=None)
-    settings = dict(threads=config.threads, timeout=config.timeout, stop=stop)
-    how, wall, ok, reason = "already fitted", 0.0, True, ""
-    if not is_finished(run_dir):
-        how = prepare_directory(run_dir)
-        command = fit_command(run, task_config, directory, fit_args, vary_data_order=vary_data_order)
-        returncode, wall, ended = execute(
-            command,
-            run_dir,
-            **settings,
-            on_progress=lambda step, total: progress.update(task, completed=step, total=total),
-        )
-        record = read_record(run_dir)
-        ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
-        reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, config.timeout)
-    if ok and config.test:
-        command = fit_command(run, task_config, directory, fit_args, vary_data_order=False, subcommand="test")
-        returncode, tested_wall, ended = execute(command, run_dir, **settings, log_name="test.log")
-        wall += tested_wall
-        ok = returncode == 0 and is_tested(run_dir) and ended == "exited"
-        reason = (
-            "" if ok else "zoo test: " + failure_reason(returncode, {}, run_dir / "test.log", ended, config.timeout)
-        )
-    status = "ok" if ok else ("interrupted" if stop.is_set() else "failed")
-    progress.update(task, description=f"{run.name} [{'green' if ok else 'red'}]{status}[/]")
+    result = attempt(
+        run, directory, task_config, fit_args, threads=config.threads, timeout=config.timeout, test=config.test,
+        vary_data_order=vary_data_order, stop=stop,
+        on_progress=lambda step, total: progress.update(task, completed=step, total=total),
+    )  # fmt: skip
     progress.remove_task(task)
+    return _finish(run, run_dir, *result, stop=stop, out=out)
+
+
+def _unrun_row(run: Run, directory: Path, test: bool) -> dict[str, Any]:
+    """The row of a run that did not run now: finished earlier, or never started before an interruption."""
+    run_dir = run.directory(directory)
+    if _is_done(run_dir, test):
+        return run_row(run, run_dir, status="ok", wall_s=None)
+    return run_row(run, run_dir, status="not run", wall_s=None, reason="the comparison was interrupted first")
+
+
+def _finish(
+    run: Run, run_dir: Path, how: str, wall: float, ok: bool, reason: str, *, stop: threading.Event, out: Any
+) -> dict[str, Any]:
+    """The row of a run that has just ended (here or on Ray), and its one line of output."""
+    status = "ok" if ok else ("interrupted" if stop.is_set() else "failed")
     row = run_row(run, run_dir, status=status, wall_s=wall, reason=reason)
     # one line per finished run, so logs (no live bar off a terminal) show progress too
     extra = "" if how == "new" else f" ({how})"

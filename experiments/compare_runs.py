@@ -10,6 +10,7 @@ over one that left no checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -137,21 +138,73 @@ def execute(
     started = time.perf_counter()
     ended = "exited"
     with open(run_dir / log_name, "a") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        while process.poll() is None:
-            record = read_record(run_dir)
-            if on_progress is not None and record.get("max_steps"):
-                on_progress(record.get("step", 0), record["max_steps"])
-            if timeout is not None and time.perf_counter() - started > timeout:
-                ended = "timed out"
-            elif stop.is_set():
-                ended = "interrupted"
-            if ended != "exited":
-                _terminate(process)
-                break
-            stop.wait(0.25)
+        with _signals_unblocked():  # a Ray worker blocks SIGINT, and a child inherits the mask: _terminate needs it
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            while process.poll() is None:
+                record = read_record(run_dir)
+                if on_progress is not None and record.get("max_steps"):
+                    on_progress(record.get("step", 0), record["max_steps"])
+                if timeout is not None and time.perf_counter() - started > timeout:
+                    ended = "timed out"
+                elif stop.is_set():
+                    ended = "interrupted"
+                if ended != "exited":
+                    _terminate(process)
+                    break
+                stop.wait(0.25)
+        except BaseException:  # e.g. a cancelled Ray task: the run (in its own session) must not outlive it
+            _terminate(process)
+            raise
         process.wait()
     return process.returncode, time.perf_counter() - started, ended
+
+
+def attempt(
+    run: Run,
+    experiment: Path,
+    task_config: str,
+    fit_args: list[str],
+    *,
+    threads: int,
+    timeout: float | None,
+    test: bool,
+    vary_data_order: bool,
+    stop: threading.Event,
+    on_progress: Any = None,
+) -> tuple[str, float, bool, str]:
+    """Fit ``run`` in ``experiment`` unless it is finished (continuing an unfinished attempt), then with
+    ``test`` ``zoo test`` it; return (what was done with an earlier attempt, wall seconds, ok, why not)."""
+    run_dir = run.directory(experiment)
+    settings = dict(threads=threads, timeout=timeout, stop=stop)
+    how, wall, ok, reason = "already fitted", 0.0, True, ""
+    if not is_finished(run_dir):
+        how = prepare_directory(run_dir)
+        command = fit_command(run, task_config, experiment, fit_args, vary_data_order=vary_data_order)
+        returncode, wall, ended = execute(command, run_dir, **settings, on_progress=on_progress)
+        record = read_record(run_dir)
+        ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
+        reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, timeout)
+    if ok and test:
+        command = fit_command(run, task_config, experiment, fit_args, vary_data_order=False, subcommand="test")
+        returncode, tested_wall, ended = execute(command, run_dir, **settings, log_name="test.log")
+        wall += tested_wall
+        ok = returncode == 0 and is_tested(run_dir) and ended == "exited"
+        reason = "" if ok else "zoo test: " + failure_reason(returncode, {}, run_dir / "test.log", ended, timeout)
+    return how, wall, ok, reason
+
+
+@contextlib.contextmanager
+def _signals_unblocked():
+    """SIGINT and SIGTERM unblocked in this thread while a child is started (it inherits this thread's mask)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _terminate(process: subprocess.Popen) -> None:

@@ -13,6 +13,7 @@ data is read or any step is taken. Batches follow the data contract (``tasks/dat
 
 from __future__ import annotations
 
+import inspect
 import math
 import zipfile
 from pathlib import Path
@@ -55,6 +56,16 @@ class ZooTask(pl.LightningModule):
     def describe_run(self) -> dict[str, Any]:
         """Task-specific entries of the run record (``run.json``), written when fitting starts."""
         return {}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # LightningCLI's config holds every linked size (num_classes, max_seq_len, ...) whether or not this task
+        # takes it, and saves them as hyperparameters; `zoo test --ckpt_path FILE` feeds them back to __init__,
+        # where an argument the task does not take is an error. Keep the task's own arguments only.
+        saved = checkpoint.get("hyper_parameters")
+        if saved:
+            accepted = set(inspect.signature(type(self).__init__).parameters)
+            for key in [k for k in saved if not k.startswith("_") and k not in accepted]:
+                del saved[key]
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]

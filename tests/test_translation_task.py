@@ -85,6 +85,9 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
         for cache in ("cached", "recomputed"):
             assert tested[f"test/{search}_{cache}_sentences_per_s"] > 0
     assert tested["val/bleu"] == metrics["val/bleu"]  # the fit's metrics stay
+    # a checkpoint *file* (what zoo compare --test passes): LightningCLI feeds its saved hyperparameters back to
+    # __init__, so sizes linked for other tasks (num_classes, max_seq_len) must not be among them
+    assert cli.main(["test", *args, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
 
     if attention == "full":
         events = EventAccumulator(str(run_dir))
