@@ -63,7 +63,12 @@ class ZooTask(pl.LightningModule):
         # where an argument the task does not take is an error. Keep the task's own arguments only.
         saved = checkpoint.get("hyper_parameters")
         if saved:
-            accepted = set(inspect.signature(type(self).__init__).parameters)
+            accepted = {  # a subclass's **kwargs pass on to its parents' __init__
+                name
+                for cls in type(self).__mro__
+                if issubclass(cls, ZooTask)
+                for name in inspect.signature(cls.__init__).parameters
+            }
             for key in [k for k in saved if not k.startswith("_") and k not in accepted]:
                 del saved[key]
 
