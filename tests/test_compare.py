@@ -230,7 +230,14 @@ def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
     with open(experiment / "runs.csv") as file:
         statuses = [(r["mechanism"], r["status"]) for r in csv.DictReader(file)]
     assert statuses == [("full", "interrupted"), ("local", "not run")]
-    assert (experiment / "summary.md").is_file()
+    assert (experiment / "summary.md").is_file() and (experiment / "compare.yaml").is_file()
+    # the same command again runs the interrupted and the unrun mechanisms to the end, in the same experiment
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert f"resuming {experiment}" in again.stdout
+    with open(experiment / "runs.csv") as file:
+        assert [(r["mechanism"], r["status"]) for r in csv.DictReader(file)] == [("full", "ok"), ("local", "ok")]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["sigint"]  # resumed in place, no sigint-2
 
 
 def test_lower_is_better_knows_losses_memory_and_durations_from_rates():

@@ -5,16 +5,13 @@ in-process. One tiny trained checkpoint serves the whole module."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -503,34 +500,3 @@ def test_compare_experiment_must_be_a_plain_folder_name(name, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"--experiment {name!r} must be a plain folder name" in result.stderr and "--runs_dir" in result.stderr
     assert not runs.exists() and not (tmp_path / "x").exists()  # nothing written, inside runs/ or outside it
-
-
-@pytest.mark.slow
-def test_compare_interrupted_by_sigint_resumes_on_the_same_command(tmp_path):
-    """Ctrl-C: exit 130, no traceback, a summary of what finished (the rest interrupted / not run); the same
-    command again runs the interrupted and the unrun mechanisms to the end and keeps the experiment."""
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
-    env = os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ZOO_CACHE": str(cache),
-                        "PYTHONUNBUFFERED": "1"}  # fmt: skip
-    command = [sys.executable, "-m", "experiments.cli", *compare_args(runs, "full,local:window=8", "sigint")]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    experiment = runs / "sigint"
-    deadline = time.monotonic() + 180
-    while not (experiment / "full" / "seed-0" / "run.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2)
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=180)
-    assert process.returncode == 130 and "Traceback" not in output, output[-3000:]
-    assert f"rerun the same command to resume {experiment}" in output
-    with open(experiment / "runs.csv") as file:
-        assert [(r["mechanism"], r["status"]) for r in csv.DictReader(file)] == [
-            ("full", "interrupted"), ("local", "not run")
-        ]  # fmt: skip
-    assert (experiment / "summary.md").is_file() and (experiment / "compare.yaml").is_file()
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert f"resuming {experiment}" in again.stdout
-    with open(experiment / "runs.csv") as file:
-        assert [(r["mechanism"], r["status"]) for r in csv.DictReader(file)] == [("full", "ok"), ("local", "ok")]
-    assert sorted(p.name for p in runs.iterdir()) == ["sigint"]  # resumed in place, no sigint-2
