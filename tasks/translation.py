@@ -23,7 +23,7 @@ Metrics (``val/`` and ``test/``):
 The run record (``run.json``) also holds the resolved decoder self-attention and why
 (:func:`attention_zoo.seq2seq.resolve_decoder_attention`), the cross-attention, the data module's
 ``corpus_summary()`` and the copy baseline of the validation subset and the test split.
-Batches follow ``/work/notes/contract_translation.md`` (``source``, ``source_mask``, ``target_in``,
+Batches are those of :mod:`tasks.data.translation` (``source``, ``source_mask``, ``target_in``,
 ``target_out``, ``target_mask``, ``index``).
 """
 
