@@ -3,8 +3,9 @@ its results table (Model | PPL (dev) | BLEU (dev)) extended with test BLEU and c
 section 6.2 and the inference speed of section 6.3, plus the "copy the source" baseline row.
 
     python -m experiments.translation_report runs/translation-en-de --out experiments/results/translation
+    python -m experiments.translation_report runs/tr-full runs/tr-k32 --out ...   # one experiment per core
 
-Reads a ``zoo compare --test`` experiment over ``configs/translation.yaml`` (each run's ``run.json`` and
+Reads ``zoo compare --test`` experiments over ``configs/translation.yaml`` (each run's ``run.json`` and
 TensorBoard events) and writes ``results.md``, ``results.csv``, ``curves.png`` (validation BLEU and
 perplexity, training loss, by step) and ``curves.csv`` (the same numbers, so the figure can be redrawn with
 ``--replot``).
@@ -124,9 +125,26 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def write(experiment: Path, out: Path) -> None:
+def runs_of_all(experiments: list[Path]) -> list[tuple[str, Path, dict[str, Any]]]:
+    """The finished runs of several experiments (one mechanism per experiment, say, run on separate cores).
+
+    Their labels must differ, and they must share one corpus (the copy baseline row is taken from the first).
+    """
+    runs = [run for experiment in experiments for run in runs_of(experiment)]
+    labels = [label for label, _, _ in runs]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise ValueError(f"runs labelled {', '.join(repeated)} come from more than one experiment; report them apart")
+    hashes = {str(record.get("corpus", {}).get("content_hash")) for _, _, record in runs}
+    if len(hashes) > 1:
+        raise ValueError(f"the experiments were trained on different corpora (content hashes {sorted(hashes)})")
+    return runs
+
+
+def write(experiments: list[Path], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    runs = runs_of(experiment)
+    runs = runs_of_all(experiments)
+    title = ", ".join(experiment.name for experiment in experiments)
     rows = table_rows(runs)
     with open(out / "results.csv", "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=["label", *(key for key, _ in COLUMNS)])
@@ -134,7 +152,7 @@ def write(experiment: Path, out: Path) -> None:
         writer.writerows(rows)
     corpus = runs[0][2].get("corpus", {})
     lines = [
-        f"# Translation EN -> DE: {experiment.name}",
+        f"# Translation EN -> DE: {title}",
         "",
         f"- corpus: {corpus.get('source', '?')} {corpus.get('source_lang', 'en')}-{corpus.get('target_lang', 'de')}, "
         f"{corpus.get('catalogs', '?')} catalogs, pairs {json.dumps(corpus.get('pairs', {}))}, content hash "
@@ -155,7 +173,7 @@ def write(experiment: Path, out: Path) -> None:
         writer = csv.DictWriter(file, fieldnames=["label", "tag", "step", "value"])
         writer.writeheader()
         writer.writerows(points)
-    plot(points, out / "curves.png", experiment.name)
+    plot(points, out / "curves.png", title)
 
 
 def replot(out: Path) -> None:
@@ -180,16 +198,19 @@ def _cell(value: Any, key: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("experiment", type=Path, nargs="?", help="a zoo compare --test experiment folder")
+    parser.add_argument("experiments", type=Path, nargs="*", help="zoo compare --test experiment folders")
     parser.add_argument("--out", type=Path, required=True, help="where results.md/csv and the curves go")
     parser.add_argument("--replot", action="store_true", help="redraw curves.png from curves.csv in --out")
     args = parser.parse_args(argv)
     if args.replot:
         replot(args.out)
-    elif args.experiment is None:
-        parser.error("give the experiment folder (or --replot)")
+    elif not args.experiments:
+        parser.error("give one or more experiment folders (or --replot)")
     else:
-        write(args.experiment, args.out)
+        try:
+            write(args.experiments, args.out)
+        except ValueError as error:
+            parser.error(str(error))
     print(f"wrote {args.out}")
     return 0
 

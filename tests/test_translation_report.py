@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from experiments import translation_report
@@ -48,3 +49,17 @@ def test_report_table_curves_and_replot(tmp_path):
     (out / "curves.png").unlink()
     assert translation_report.main(["--replot", "--out", str(out)]) == 0
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_joins_experiments_and_refuses_clashing_ones(tmp_path, capsys):
+    fake_run(tmp_path / "tr-full", "full", "full", {}, 20.0)
+    fake_run(tmp_path / "tr-k32", "linformer-k=32", "linformer", {"k": 32}, 18.0)
+    out = tmp_path / "out"
+    assert translation_report.main([str(tmp_path / "tr-full"), str(tmp_path / "tr-k32"), "--out", str(out)]) == 0
+    table = (out / "results.md").read_text()
+    assert "tr-full, tr-k32" in table and "linformer k=32; decoder linformer_causal" in table
+    assert table.count("copy the source") == 1
+    fake_run(tmp_path / "tr-again", "full", "full", {}, 19.0)
+    with pytest.raises(SystemExit):
+        translation_report.main([str(tmp_path / "tr-full"), str(tmp_path / "tr-again"), "--out", str(out)])
+    assert "runs labelled full/seed-0 come from more than one experiment" in capsys.readouterr().err
