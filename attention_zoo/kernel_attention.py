@@ -162,13 +162,18 @@ class KernelAttention(AttentionCore):
             positions = torch.arange(state.length, state.length + q.shape[-2], device=q.device)
             fq = self.features(q.to(compute), positions, is_query=True)
             fk = self.masked_keys(self.features(k.to(compute), positions, is_query=False), mask)
-            fk, scale = self.normalised_keys(fk)
             values = F.pad(v.to(compute), (0, 1), value=1.0)
-            steps = q.shape[-2]  # one chunk, continuing the state
+            # a prefill of T positions is cut into chunks like the forward's: one T x T block would cost T^2
+            steps = q.shape[-2]
+            chunk = min(self.chunk_size, steps)
+            tail = -(-steps // chunk) * chunk - steps  # padded positions add nothing to the state
+            fq, values = F.pad(fq, (0, 0, 0, tail)), F.pad(values, (0, 0, 0, tail))
+            fk = F.pad(fk, (0, 0, 0, tail), value=-math.inf if self.log_key_features else 0.0)
+            fk, scale = self.normalised_keys(fk)
             sums, state.sums, state.reference = causal_scan(
-                fq, fk, values, scale, None, steps, state.sums, state.reference
+                fq, fk, values, scale, None, chunk, state.sums, state.reference
             )
-            return normalised(sums).to(q.dtype)
+            return normalised(sums[:, :, :steps]).to(q.dtype)
 
 
 def normalised(sums: Tensor) -> Tensor:

@@ -242,6 +242,33 @@ def test_decoding_state_is_constant_size_and_float32_for_half_inputs(name):
     assert shapes == {(2, H, m, D + 1)} and state.sums.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_a_long_prefill_is_decoded_in_chunks_and_continues_exactly(name):
+    """A prefill longer than ``chunk_size`` (and not a multiple of it) is scanned chunk by chunk, like the
+    forward, not as one T x T block; the outputs and the state it leaves match the paper's dense causal form."""
+    core = make(name, chunk_size=8)
+    q, k, v = inputs(2, 50, 50)
+    mask = pad_mask(torch.tensor([50, 37]), 50)
+    reference = REFERENCES[name](q, k, v, mask, True)
+    state = core.start_decoding()
+    blocks = []  # the query rows of every product
+    original = torch.Tensor.__matmul__
+
+    def recording(a, b):
+        blocks.append(a.shape[-2])
+        return original(a, b)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "__matmul__", recording)
+        prefill = core.decode(q[:, :, :43], k[:, :, :43], v[:, :, :43], state, mask=mask[:, :43])
+    assert blocks and max(blocks) <= 8  # every product takes at most one chunk of query rows
+    steps = [core.decode(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], state, mask=mask[:, t : t + 1])
+             for t in range(43, 50)]  # fmt: skip
+    decoded = torch.cat([prefill, *steps], dim=-2)
+    for b, length in enumerate((50, 37)):
+        torch.testing.assert_close(decoded[b, :, :length], reference[b, :, :length], rtol=0.0, atol=1e-10)
+
+
 # --- the harness: FLOP formulas and performance targets -----------------------------------------------------
 
 
