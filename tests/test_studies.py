@@ -345,10 +345,12 @@ def test_zoo_study_mlm_collects_curves_states_coverage_and_replots(tmp_path):
     assert (out / "fig3.png").is_file()
 
 
-def test_the_committed_mlm_configs_name_every_panel():
+@pytest.mark.parametrize("scale", ["full", "small"])
+def test_the_committed_mlm_configs_name_every_panel(scale):
     from experiments.studies.mlm import CONFIGS, expected_runs
 
-    runs = expected_runs(CONFIGS, Path("runs"))
+    runs = expected_runs(CONFIGS if scale == "full" else CONFIGS / "small", Path("runs"))
+    assert len({r.experiment for r in runs}) == 4 and {r.seed for r in runs} == {0, 1, 2}
     variants = {(r.n, r.attention, r.k, r.sharing) for r in runs}
     for n in (512, 1024):
         assert {(n, "linformer", k, "headwise") for k in (32, 64, 128, 256)} | {(n, "full", None, "")} <= variants
