@@ -40,7 +40,7 @@ from torch import Tensor
 
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState
 from attention_zoo.decoding_cache import KeyValueState, builds_graph
-from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys
+from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
 
 Backend = Literal["auto", "math", "sdpa", "xformers"]
@@ -94,9 +94,7 @@ class FullAttention(AttentionCore):
                 allowed = allowed | ~has_key  # let empty rows see every key, then zero them below
             causal = False
         if self.backend == "sdpa":
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=self.dropout if self.training else 0.0, is_causal=causal
-            )
+            out = sdpa(q, k, v, allowed, dropout_p=self.dropout if self.training else 0.0, is_causal=causal)
         else:
             out = _xformers_attention(q, k, v, allowed, causal, self.dropout if self.training else 0.0, self.scale)
         return out if has_key is None else out * has_key

@@ -45,12 +45,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
 from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
+from attention_zoo.masks import sdpa
 from attention_zoo.registry import register_attention
 
 DEFAULT_K = 256  # the paper's projected length for n = 512..4096 (Fig. 3, Table 2)
@@ -123,4 +123,4 @@ class LinformerAttention(AttentionCore):
         if slots is not None:
             # a row without any valid slot attends to its all-zero slots and so returns zeros, not NaN
             allowed = rearrange(slots | ~slots.any(dim=-1, keepdim=True), "b r -> b 1 1 r")
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
+        return sdpa(q, keys, values, allowed)

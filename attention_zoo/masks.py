@@ -57,3 +57,25 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Ten
 def pad_mask(lengths: Tensor, n: int) -> Tensor:
     """``(B, n)`` bool, True for the first ``lengths[b]`` positions (real tokens)."""
     return torch.arange(n, device=lengths.device)[None, :] < rearrange(lengths, "b -> b 1")
+
+
+#: with no mask, torch's CPU SDPA kernel returns 0 instead of NaN for a query row holding NaN when it has fewer
+#: keys than this (torch 2.11-2.13); with a mask it keeps the NaN
+SDPA_CPU_NAN_MIN_KEYS = 16
+
+
+def sdpa(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, *, dropout_p: float = 0.0, is_causal: bool = False
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` (``attn_mask`` boolean, True = attend) that never hides a NaN query.
+
+    On CPU with fewer than ``SDPA_CPU_NAN_MIN_KEYS`` keys and no mask, the call gets an all-True mask (made
+    causal, top-left aligned as ``is_causal`` is, when asked), which takes torch's path that keeps NaN.
+    """
+    nq, nk = q.shape[-2], k.shape[-2]
+    if attn_mask is None and q.device.type == "cpu" and nk < SDPA_CPU_NAN_MIN_KEYS:
+        attn_mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
+        attn_mask, is_causal = (attn_mask.tril() if is_causal else attn_mask), False
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )

@@ -1,4 +1,4 @@
-"""An independent FAVOR+ (not the library's): is Performer's flat error curve on Gaussian inputs the estimator's or a bug?
+"""An independent FAVOR+ (not the library's): is Performer's flat error on Gaussian inputs the estimator's or a bug?
 
 Choromanski et al. 2021 (arXiv:2009.14794), Lemma 1: SM(x, y) = E_w[exp(w.x - |x|^2/2) exp(w.y - |y|^2/2)],
 w ~ N(0, I_d), with x = q / d^(1/4), y = k / d^(1/4); the attention is D^-1 phi(Q) (phi(K)^T V) (eq. 7),
