@@ -128,13 +128,16 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
 def runs_of_all(experiments: list[Path]) -> list[tuple[str, Path, dict[str, Any]]]:
     """The finished runs of several experiments (one mechanism per experiment, say, run on separate cores).
 
-    Their labels must differ, and they must share one corpus (the copy baseline row is taken from the first).
+    Each label is prefixed with its experiment's folder name. They must share one corpus (the copy baseline
+    row is taken from the first).
     """
     runs = [run for experiment in experiments for run in runs_of(experiment)]
+    if len(experiments) > 1:  # one mechanism per experiment: the runs inside are all called <mechanism>/seed-<s>
+        runs = [(f"{run_dir.parent.parent.name}/{label}", run_dir, record) for label, run_dir, record in runs]
     labels = [label for label, _, _ in runs]
     repeated = sorted({label for label in labels if labels.count(label) > 1})
     if repeated:
-        raise ValueError(f"runs labelled {', '.join(repeated)} come from more than one experiment; report them apart")
+        raise ValueError(f"runs {', '.join(repeated)} are given more than once")
     hashes = {str(record.get("corpus", {}).get("content_hash")) for _, _, record in runs}
     if len(hashes) > 1:
         raise ValueError(f"the experiments were trained on different corpora (content hashes {sorted(hashes)})")

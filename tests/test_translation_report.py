@@ -51,7 +51,7 @@ def test_report_table_curves_and_replot(tmp_path):
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_report_joins_experiments_and_refuses_clashing_ones(tmp_path, capsys):
+def test_report_joins_experiments_and_refuses_one_given_twice(tmp_path, capsys):
     fake_run(tmp_path / "tr-full", "full", "full", {}, 20.0)
     fake_run(tmp_path / "tr-k32", "linformer-k=32", "linformer", {"k": 32}, 18.0)
     out = tmp_path / "out"
@@ -59,7 +59,13 @@ def test_report_joins_experiments_and_refuses_clashing_ones(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "tr-full, tr-k32" in table and "linformer k=32; decoder linformer_causal" in table
     assert table.count("copy the source") == 1
-    fake_run(tmp_path / "tr-again", "full", "full", {}, 19.0)
+    fake_run(tmp_path / "tr-k64", "linformer", "linformer", {"k": 64}, 19.0)  # one mechanism: label = its name
+    fake_run(tmp_path / "tr-k128", "linformer", "linformer", {"k": 128}, 19.5)
+    assert translation_report.main([str(tmp_path / "tr-k64"), str(tmp_path / "tr-k128"), "--out", str(out)]) == 0
+    with open(out / "results.csv") as file:
+        assert [row["label"] for row in csv.DictReader(file)] == [
+            "tr-k64/linformer/seed-0", "tr-k128/linformer/seed-0", "copy"
+        ]  # fmt: skip
     with pytest.raises(SystemExit):
-        translation_report.main([str(tmp_path / "tr-full"), str(tmp_path / "tr-again"), "--out", str(out)])
-    assert "runs labelled full/seed-0 come from more than one experiment" in capsys.readouterr().err
+        translation_report.main([str(tmp_path / "tr-k64"), str(tmp_path / "tr-k64"), "--out", str(out)])
+    assert "runs tr-k64/linformer/seed-0 are given more than once" in capsys.readouterr().err
