@@ -128,6 +128,9 @@ class RunRecord(pl.Callback):
     """Keeps ``run.json`` in the run's log directory up to date: progress while training (at most every
     ``every_seconds``), then the final metrics, throughput, peak memory, parameter count and wall time;
     ``status`` is ``running``, ``finished`` or ``failed`` (with the error). ``zoo compare`` reads it.
+    ``fit_seconds`` is the wall time of every sitting of the run: a run resumed from a checkpoint in the same
+    directory adds the time its earlier sittings recorded (work lost after their last checkpoint included), and
+    ``sittings`` counts them.
     A task's ``describe_run()`` entries (e.g. the translation corpus and decoder rule) are added at fit start.
 
     ``zoo test`` adds its metrics (``test/...``) to the ``metrics`` of the run.json in its log directory
@@ -141,11 +144,13 @@ class RunRecord(pl.Callback):
         self._started = 0.0
         self._last_write = 0.0
         self._path: Path | None = None
+        self._earlier: dict[str, Any] = {}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._started = time.perf_counter()
         log_dir = trainer.log_dir  # a broadcast in DDP: every rank asks, here, at the same point
         self._path = Path(log_dir) / RUN_RECORD if log_dir is not None else None
+        self._earlier = _read_json(self._path) if self._path is not None else {}
         hparams = pl_module.hparams
         self.record = {
             "status": "running",
@@ -157,6 +162,8 @@ class RunRecord(pl.Callback):
             "start_step": trainer.global_step,
             "step": trainer.global_step,
             "max_steps": trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches),
+            "fit_seconds": 0.0,
+            "sittings": 1,
         }
         describe = getattr(pl_module, "describe_run", None)
         self.record.update(describe() if describe is not None else {})
@@ -164,6 +171,10 @@ class RunRecord(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.record["start_step"] = trainer.global_step  # after a checkpoint is restored
+        if trainer.global_step > 0:  # resumed: this directory's earlier sittings count too
+            self.record["sittings"] = int(self._earlier.get("sittings", 1)) + 1
+        else:
+            self._earlier = {}
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if time.perf_counter() - self._last_write >= self.every_seconds:
@@ -176,7 +187,6 @@ class RunRecord(pl.Callback):
         self.record.update(
             status="finished",
             step=trainer.global_step,
-            fit_seconds=time.perf_counter() - self._started,
             metrics={k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
         )
         self._write(trainer)
@@ -192,10 +202,7 @@ class RunRecord(pl.Callback):
             if checkpoint_run.exists():
                 paths.add(checkpoint_run)
         for path in paths:
-            try:
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
-                record = {"status": "tested", "task": type(pl_module).__name__}
+            record = _read_json(path) or {"status": "tested", "task": type(pl_module).__name__}
             record.setdefault("metrics", {}).update(tested)
             record["tested_checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else None
             _write_json(path, record)
@@ -206,9 +213,19 @@ class RunRecord(pl.Callback):
 
     def _write(self, trainer: pl.Trainer) -> None:
         self._last_write = time.perf_counter()
+        earlier = float(self._earlier.get("fit_seconds") or 0.0)
+        self.record["fit_seconds"] = earlier + self._last_write - self._started
         if not trainer.is_global_zero or self._path is None:
             return
         _write_json(self._path, self.record)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _write_json(path: Path, record: dict[str, Any]) -> None:

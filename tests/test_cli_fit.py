@@ -217,13 +217,20 @@ def test_sigkilled_run_resumes_from_its_last_checkpoint_and_finishes(tmp_path, r
     assert process.wait() == -signal.SIGKILL
     killed_at = torch.load(last, weights_only=True)["global_step"]
     assert 0 < killed_at < steps, "the run was not killed mid-training"
-    assert record(run_dir)["status"] == "running"
+    killed = record(run_dir)
+    assert killed["status"] == "running" and killed["fit_seconds"] > 0
+    earlier_seconds = 1000.0  # far above what one sitting here takes, so the sum is unmistakable
+    (run_dir / "run.json").write_text(json.dumps(killed | {"fit_seconds": earlier_seconds}))
 
+    started = time.monotonic()
     resumed = zoo(["fit", *args, "--ckpt_path", "last"], tmp_path)
     assert resumed.wait(timeout=180) == 0
+    resumed_wall = time.monotonic() - started
     result = record(run_dir)  # the same directory: --ckpt_path last found the newest version of "full"
     assert result["status"] == "finished" and result["step"] == steps
     assert result["start_step"] == killed_at  # continued from the checkpoint, not restarted
+    assert result["sittings"] == 2  # the wall time of both sittings
+    assert earlier_seconds < result["fit_seconds"] < earlier_seconds + resumed_wall
     assert torch.load(last, weights_only=True)["global_step"] == steps
     assert not (runs / "recall" / "full" / "version_1").exists()
 
