@@ -82,7 +82,8 @@ def plot(directory: Path) -> list[Path]:
     if shared_k is not None:
         for sharing, color in zip(SHARINGS, plt.cm.tab10.colors, strict=False):
             _draw(c, _select(curves, n=512, attention="linformer", k=shared_k, sharing=sharing), sharing, color)
-    c.set_title(f"(c) n = 512, k = {shared_k}: sharing")
+    sharing_k = "no sharing runs yet" if shared_k is None else f"k = {shared_k}"
+    c.set_title(f"(c) n = 512, {sharing_k}: sharing")
 
     fixed_k = shared_k if shared_k is not None else (ks[len(ks) // 2] if ks else None)
     for n in lengths:
