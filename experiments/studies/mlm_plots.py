@@ -136,6 +136,8 @@ def plot(directory: Path) -> list[Path]:
         ax.set_ylabel("validation perplexity")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+        else:  # a panel whose runs have not finished yet says so instead of showing empty axes
+            ax.text(0.5, 0.5, "no runs yet", transform=ax.transAxes, ha="center", va="center", color="gray")
     for ax in (a, b, c, d):
         ax.set_xlabel("updates")
     figure.suptitle("MLM validation perplexity (Linformer Fig. 3 at CPU scale)")
