@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tasks.callbacks import RUN_RECORD
+from tasks.callbacks import RUN_RECORD, read_json_record
 
 
 @dataclass
@@ -50,10 +50,7 @@ class Run:
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / RUN_RECORD).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json_record(run_dir / RUN_RECORD)
 
 
 def is_finished(run_dir: Path) -> bool:

@@ -150,7 +150,7 @@ class RunRecord(pl.Callback):
         self._started = time.perf_counter()
         log_dir = trainer.log_dir  # a broadcast in DDP: every rank asks, here, at the same point
         self._path = Path(log_dir) / RUN_RECORD if log_dir is not None else None
-        self._earlier = _read_json(self._path) if self._path is not None else {}
+        self._earlier = read_json_record(self._path) if self._path is not None else {}
         hparams = pl_module.hparams
         self.record = {
             "status": "running",
@@ -162,7 +162,6 @@ class RunRecord(pl.Callback):
             "start_step": trainer.global_step,
             "step": trainer.global_step,
             "max_steps": trainer.max_steps if trainer.max_steps > 0 else int(trainer.estimated_stepping_batches),
-            "fit_seconds": 0.0,
             "sittings": 1,
         }
         describe = getattr(pl_module, "describe_run", None)
@@ -202,7 +201,7 @@ class RunRecord(pl.Callback):
             if checkpoint_run.exists():
                 paths.add(checkpoint_run)
         for path in paths:
-            record = _read_json(path) or {"status": "tested", "task": type(pl_module).__name__}
+            record = read_json_record(path) or {"status": "tested", "task": type(pl_module).__name__}
             record.setdefault("metrics", {}).update(tested)
             record["tested_checkpoint"] = str(trainer.ckpt_path) if trainer.ckpt_path else None
             _write_json(path, record)
@@ -220,7 +219,8 @@ class RunRecord(pl.Callback):
         _write_json(self._path, self.record)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_record(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path`` (a run.json), or ``{}`` when it is missing, unreadable or not an object."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
