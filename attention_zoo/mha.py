@@ -97,6 +97,11 @@ class MultiHeadAttention(nn.Module):
             **(attention_options or {}),
         )
 
+    @property
+    def residual_projection(self) -> nn.Linear:
+        """W^O, which writes this block's output into the residual stream (scaled down at init)."""
+        return self.to_out
+
     def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None) -> Tensor:
         """``x``: (B, N, dim) queries; ``memory``: (B, M, dim) keys/values for cross-attention (else x);
         ``mask``: (B, M) or (B, N) bool, True = real key token."""

@@ -1,8 +1,9 @@
 """Pre-norm Transformer encoder and decoder that take any registered attention core by name.
 
 Pre-norm residual blocks (Xiong et al. 2020, arXiv:2002.04745): x + Attn(LN(x)), x + FF(LN(x)), and a
-final LayerNorm. Every layer builds its own core from the one attention spec; cores that share state
-across layers (Linformer's layerwise projection) keep it in ``shared_attention_state``, owned here.
+final LayerNorm, initialised by the convention of :mod:`attention_zoo.init`. Every layer builds its own
+core from the one attention spec; cores that share state across layers (Linformer's layerwise projection) keep
+it in ``shared_attention_state``, owned here.
 
 Incremental decoding (:meth:`TransformerDecoder.start_decoding`, :meth:`TransformerDecoder.decode`): a
 :class:`DecoderState` holds, per layer, the self-attention core's decoding state and the cross-attention's
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attention_zoo.core import BuildContext, DecodingState
+from attention_zoo.init import init_transformer_
 from attention_zoo.mha import MultiHeadAttention, ProjectedMemory
 from attention_zoo.registry import get_attention_class, list_attentions
 
@@ -35,7 +37,6 @@ class PositionalEmbedding(nn.Module):
         self.kind = kind
         if kind == "learned":
             self.table = nn.Embedding(max_seq_len, dim)
-            nn.init.normal_(self.table.weight, std=0.02)
         elif kind == "sinusoidal":
             position = torch.arange(max_seq_len, dtype=torch.float32)[:, None]
             inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
@@ -62,6 +63,11 @@ class FeedForward(nn.Sequential):
             nn.Linear(dim, dim * mult), nn.GELU(), nn.Dropout(dropout), nn.Linear(dim * mult, dim), nn.Dropout(dropout)
         )
 
+    @property
+    def residual_projection(self) -> nn.Linear:
+        """The second Linear, which writes into the residual stream (scaled down at init)."""
+        return self[3]
+
 
 class _Backbone(nn.Module):
     """Token + position embedding, then ``depth`` layers, then LayerNorm; shared by encoder and decoder."""
@@ -76,7 +82,6 @@ class _Backbone(nn.Module):
             )
         self.max_seq_len = max_seq_len
         self.token_embedding = nn.Embedding(vocab_size, dim)
-        nn.init.normal_(self.token_embedding.weight, std=0.02)
         self.position_embedding = PositionalEmbedding(dim, max_seq_len, positional)
         self.embedding_dropout = nn.Dropout(dropout)
         self.norm = nn.LayerNorm(dim)
@@ -152,6 +157,7 @@ class TransformerEncoder(_Backbone):
             )
             for i in range(depth)
         )
+        init_transformer_(self, residual_branches=2 * depth)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         # b: batch, n: positions
@@ -285,6 +291,7 @@ class TransformerDecoder(_Backbone):
             )
             for i in range(depth)
         )
+        init_transformer_(self, residual_branches=3 * depth)
 
     def forward(
         self, tokens: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None

@@ -19,7 +19,9 @@ training) before anything runs: a bad name or option stops the comparison with e
 initialisation (``seed_everything``) and the training order (``data.shuffle_seed``, where the data module
 has it); the data themselves stay the same. Runs go seed by seed (every mechanism with the first seed,
 then the second...), so an interrupted comparison has whole seeds done. The summary gives mean ± std and
-a 95% interval per mechanism and marks ties with the best (``experiments/compare_summary.py``).
+a 95% interval per mechanism, and each mechanism's paired difference from ``--reference`` (default ``full``)
+with its verdict by the rule of ``experiments/stats.py`` (``on par`` within ``--margin``, ``better``,
+``worse`` or ``inconclusive``).
 
 Each run trains in its own ``zoo fit`` subprocess (``threads`` torch threads), so a crash or an
 out-of-memory error stays its own and the peak memory is that run's alone. Outputs, in
@@ -76,7 +78,9 @@ from experiments.tensorboard_layout import write_layout
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
-RESUMABLE_CHANGES = ("seeds", "timeout", "fresh", "bench", "config", "metric", "test", *LAUNCHER_SETTINGS)
+RESUMABLE_CHANGES = (
+    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", *LAUNCHER_SETTINGS
+)  # fmt: skip
 
 
 def build_parser() -> ArgumentParser:
@@ -101,7 +105,17 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
     parser.add_argument("--runs_dir", type=str, default="runs", help="where the experiment directory goes")
     parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
-    parser.add_argument("--metric", type=str | None, default=None, help="rank by this metric (default: val_acc...)")
+    parser.add_argument(
+        "--metric", type=str | None, default=None, help="order and judge by this metric (default: val_acc, ...)"
+    )
+    parser.add_argument(
+        "--reference", type=str, default="full", help="the mechanism every verdict compares with (paired by seed)"
+    )
+    parser.add_argument(
+        "--margin", type=float | None, default=None,
+        help="equivalence margin δ in the metric's units (default: acc 0.01, loss 0.02, BLEU 0.5, ppl 2%% of the "
+        "reference's)",
+    )  # fmt: skip
     parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
     parser.add_argument("--fresh", type=bool, default=False, help="never resume: use a new experiment directory")
     parser.add_argument(
@@ -256,6 +270,8 @@ def main(argv: list[str]) -> int:
     out = console()
     if config.seeds < 1 or config.threads < 1:
         parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
+    if config.margin is not None and not config.margin >= 0:
+        parser.error(f"--margin must be >= 0 (in the metric's units), got {config.margin}")
     ray_settings = [f"--{k}" for k in LAUNCHER_SETTINGS[1:] if getattr(config, k) not in (None, 0)]
     if config.launcher == "local" and ray_settings:
         parser.error(f"{', '.join(ray_settings)} go with --launcher ray")
@@ -349,7 +365,7 @@ def main(argv: list[str]) -> int:
         "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
         "in use when training started; fit_s: Trainer.fit wall time",
     ]
-    summary = write_outputs(directory, rows, header)
+    summary = write_outputs(directory, rows, header, metric=metric, reference=config.reference, margin=config.margin)
     write_layout(directory, sorted({f"val/{k[4:]}" for r in rows for k in r if k.startswith("val_")}))
     print_table(summary, metric, out)
     written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"

@@ -1,10 +1,12 @@
 """What ``zoo compare`` writes once runs are done: per-run rows, per-mechanism means with 95% intervals over
-seeds, ranks that mark statistical ties, the printed table, CSV, Markdown and plots with error bars.
+seeds, each mechanism's paired difference from a reference with its verdict, the printed table, CSV, Markdown
+and plots with error bars.
 
-Ranking: mechanisms are ordered by the mean of the primary metric (``val_acc`` when the task logs it,
-else ``val_ppl``, else ``val_loss``; higher is better for accuracy, F1, BLEU and chrF, lower for loss and
-perplexity). Every mechanism whose 95% interval overlaps the best one's is marked tied with it (rank
-``=1``), not ranked below it: with a few seeds, small differences are noise.
+The primary metric is ``val_acc`` when the task logs it, else ``val_bleu``, ``val_ppl``, ``val_loss`` (higher is
+better for accuracy, F1, BLEU and chrF, lower for loss and perplexity). Rows are ordered best mean first. The
+verdict of each mechanism against the reference (default ``full``) is the rule of :mod:`experiments.stats`:
+``on par`` when the 90% interval of the paired difference lies inside ±δ, else ``better`` / ``worse`` when its
+95% interval excludes 0, else ``inconclusive``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from experiments.stats import Interval, summarize
+from experiments.stats import (
+    Interval,
+    PairedDifference,
+    default_margin,
+    metric_bounds,
+    paired_difference,
+    summarize,
+)
 
 RUN_COLUMNS = (
     "mechanism", "attention", "options", "options_from", "seed", "status", "val_acc", "val_loss", "train_loss",
@@ -37,7 +46,8 @@ def lower_is_better(metric: str) -> bool:
 
 
 def primary_metric(rows: list[dict[str, Any]]) -> str:
-    """The metric mechanisms are ranked by: the first of val_acc, val_ppl, val_loss any run reports."""
+    """The metric mechanisms are ordered and judged by: the first of val_acc, val_bleu, val_ppl, val_loss any run
+    reports."""
     for metric in ("val_acc", "val_bleu", "val_ppl", "val_loss"):
         if any(_number(r.get(metric)) is not None for r in rows):
             return metric
@@ -50,8 +60,18 @@ def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
     return [*CORE_METRICS, *extra]
 
 
-def summarize_mechanisms(rows: list[dict[str, Any]], metric: str | None = None) -> list[dict[str, Any]]:
-    """One row per mechanism (in first-run order) with ``n``, ``ok``, per-metric intervals and the rank."""
+def summarize_mechanisms(
+    rows: list[dict[str, Any]],
+    metric: str | None = None,
+    *,
+    reference: str = "full",
+    margin: float | None = None,
+) -> list[dict[str, Any]]:
+    """One row per mechanism (best mean of ``metric`` first, unscored last) with ``n``, ``ok``, per-metric
+    intervals and ``difference``: the :class:`~experiments.stats.PairedDifference` from the ``reference``
+    mechanism (its label, or its attention name when one label has it) on ``metric``, None for the reference
+    itself and when no reference ran. ``margin`` None: the metric's default (:func:`experiments.stats.default_margin`).
+    """
     metric = metric or primary_metric(rows)
     columns = metric_columns(rows)
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -70,35 +90,76 @@ def summarize_mechanisms(rows: list[dict[str, Any]], metric: str | None = None) 
             "ok": len(ok),
             "status": "ok" if len(ok) == len(runs) else ("partial" if ok else "failed"),
             "problems": "; ".join(failures),
-            "intervals": {c: summarize([_number(r.get(c)) for r in ok]) for c in columns},
+            "intervals": {c: summarize([_number(r.get(c)) for r in ok], bounds=metric_bounds(c)) for c in columns},
+            "per_seed": {int(r["seed"]): _number(r.get(metric)) for r in ok if r.get("seed") is not None},
         }
         summary.append(item)
-    rank(summary, metric)
+    compare_with_reference(summary, metric, reference, margin)
+    order(summary, metric)
     return summary
 
 
-def rank(summary: list[dict[str, Any]], metric: str) -> None:
-    """Set ``rank`` (1 for the best mean, ``=1`` for a tie with it, else the position) and ``tied``."""
+def find_reference(summary: list[dict[str, Any]], reference: str) -> dict[str, Any] | None:
+    """The summary row labelled ``reference``, or the one row whose attention it names."""
+    by_label = [s for s in summary if s["mechanism"] == reference]
+    by_attention = [s for s in summary if s["attention"] == reference]
+    return (by_label or (by_attention if len(by_attention) == 1 else [None]))[0]
+
+
+def compare_with_reference(
+    summary: list[dict[str, Any]], metric: str, reference: str, margin: float | None
+) -> None:
+    """Set ``difference``, ``verdict``, ``reference`` and ``margin`` on every row (module docstring)."""
+    base = find_reference(summary, reference)
+    reference_mean = base["intervals"][metric].mean if base and base["intervals"].get(metric) else None
+    delta = margin if margin is not None else default_margin(metric, reference_mean)
+    for s in summary:
+        s["reference"], s["margin"], s["difference"] = reference, delta, None
+        if base is None:
+            s["verdict"] = "-"
+        elif s is base:
+            s["verdict"] = "reference"
+        else:
+            difference = paired_difference(
+                s["per_seed"], base["per_seed"], margin=delta, higher_is_better=not lower_is_better(metric)
+            )
+            s["difference"], s["verdict"] = difference, difference.verdict
+
+
+def order(summary: list[dict[str, Any]], metric: str) -> None:
+    """Set ``order``: 1 for the best mean of ``metric``, then by mean; mechanisms without it last."""
     scored = [s for s in summary if s["intervals"].get(metric) is not None]
     sign = 1 if lower_is_better(metric) else -1
     scored.sort(key=lambda s: sign * s["intervals"][metric].mean)
     for s in summary:
-        s["rank"], s["tied"], s["order"] = "-", False, 10**6
-    if not scored:
-        return
-    best = scored[0]["intervals"][metric]
+        s["order"] = 10**6
     for position, s in enumerate(scored, start=1):
-        tied = s["intervals"][metric].overlaps(best)
-        s["tied"], s["order"] = tied, position
-        s["rank"] = "1" if position == 1 else ("=1" if tied else str(position))
+        s["order"] = position
 
 
 def summary_table_rows(summary: list[dict[str, Any]], metric: str, columns: list[str]) -> list[dict[str, Any]]:
-    """Flat rows for ``summary.csv``: ``<metric>_mean``, ``_std``, ``_ci_low``, ``_ci_high`` per metric."""
+    """Flat rows for ``summary.csv``: the paired difference from the reference on ``metric`` (``delta``,
+    ``delta_lo``, ``delta_hi``: its 95% interval; ``p_value``, ``verdict``, ``margin``), then ``<metric>_mean``,
+    ``_std``, ``_ci_low``, ``_ci_high`` per metric."""
     flat = []
     for s in summary:
         row = {k: s[k] for k in ("mechanism", "attention", "options", "options_from", "seeds", "ok", "status")}
-        row |= {"rank_by": metric, "rank": s["rank"], "tied_with_best": s["tied"], "problems": s["problems"]}
+        difference: PairedDifference | None = s["difference"]
+        row |= {
+            "metric": metric,
+            "reference": s["reference"],
+            "margin": s["margin"],
+            "verdict": s["verdict"],
+            "paired_seeds": None if difference is None else difference.n,
+            "delta": None if difference is None else _finite_or_none(difference.mean),
+            "delta_lo": None if difference is None else _finite_or_none(difference.low),
+            "delta_hi": None if difference is None else _finite_or_none(difference.high),
+            "delta_lo90": None if difference is None else _finite_or_none(difference.low90),
+            "delta_hi90": None if difference is None else _finite_or_none(difference.high90),
+            "p_value": None if difference is None else _finite_or_none(difference.p_value),
+            "verdict_reason": "" if difference is None else difference.reason,
+            "problems": s["problems"],
+        }
         for column in columns:
             interval: Interval | None = s["intervals"].get(column)
             for part in ("mean", "std", "low", "high"):
@@ -108,6 +169,10 @@ def summary_table_rows(summary: list[dict[str, Any]], metric: str, columns: list
     return flat
 
 
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
     with open(path, "w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=columns, extrasaction="ignore")
@@ -115,33 +180,59 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Non
         writer.writerows(rows)
 
 
-def write_outputs(directory: Path, rows: list[dict[str, Any]], header: list[str]) -> list[dict[str, Any]]:
+def write_outputs(
+    directory: Path,
+    rows: list[dict[str, Any]],
+    header: list[str],
+    *,
+    metric: str | None = None,
+    reference: str = "full",
+    margin: float | None = None,
+) -> list[dict[str, Any]]:
     """``runs.csv`` (one row per run), ``summary.csv`` (one per mechanism), ``summary.md``, the plots."""
-    metric = primary_metric(rows)
+    metric = metric or primary_metric(rows)
     columns = metric_columns(rows)
     run_columns = [*RUN_COLUMNS, *(c for c in columns if c not in RUN_COLUMNS)]
     write_csv(directory / "runs.csv", rows, run_columns)
-    summary = summarize_mechanisms(rows, metric)
+    summary = summarize_mechanisms(rows, metric, reference=reference, margin=margin)
     flat = summary_table_rows(summary, metric, columns)
     write_csv(directory / "summary.csv", flat, list(flat[0]) if flat else ["mechanism"])
     shown = [c for c in columns if any(s["intervals"].get(c) is not None for s in summary)]
-    lines = [*header, "", f"Mean ± 95% interval over seeds; ranked by {metric} (`=1`: interval overlaps the best).", ""]
-    lines += ["| rank | mechanism | options | ok/seeds | " + " | ".join(shown) + " |", "|---" * (len(shown) + 4) + "|"]
+    lines = [*header, "", *verdict_lines(summary, metric), ""]
+    lines += [
+        f"| mechanism | options | ok/seeds | verdict | Δ {metric} [95% CI] | p | " + " | ".join(shown) + " |",
+        "|---" * (len(shown) + 6) + "|",
+    ]
     for s in sorted(summary, key=_rank_order):
-        cells = [s["rank"], s["mechanism"], _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}"]
+        cells = [_md(s["mechanism"]), _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}", s["verdict"]]
+        cells += [format_difference(s["difference"], metric, interval=True), format_p(s["difference"])]
         cells += [format_interval(s["intervals"].get(c), c) for c in shown]
         lines.append("| " + " | ".join(cells) + " |")
     problems = [f"- {s['mechanism']}: {_md(s['problems'])}" for s in summary if s["problems"]]
     if problems:
         lines += ["", "Runs that did not finish:", *problems]
-    lines += ["", "Per run: `runs.csv`; per mechanism with std and intervals: `summary.csv`."]
+    lines += ["", "Per run: `runs.csv`; per mechanism with std, intervals and the paired test: `summary.csv`."]
     (directory / "summary.md").write_text("\n".join(lines) + "\n")
     plot(summary, metric, directory, directory.name)
     return summary
 
 
+def verdict_lines(summary: list[dict[str, Any]], metric: str) -> list[str]:
+    """The sentences ``summary.md`` opens its table with: the metric, the reference, the margin and the rule."""
+    reference = summary[0]["reference"] if summary else "full"
+    margin = summary[0]["margin"] if summary else None
+    if not any(s["verdict"] == "reference" for s in summary):
+        return [f"Mean ± 95% interval over seeds, best {metric} first. No finished `{reference}` run: no verdicts."]
+    margin_text = "no margin (none given, and no default for this metric)" if margin is None else f"δ = {margin:g}"
+    return [
+        f"Mean ± 95% interval over seeds, best {metric} first. Verdict: the paired difference from `{reference}` on "
+        f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text}: `on par` if its "
+        "90% interval lies inside ±δ, else `better`/`worse` if its 95% interval excludes 0, else `inconclusive`."
+    ]
+
+
 def _rank_order(s: dict[str, Any]) -> tuple[int, str]:
-    """Best first, then by mean (ties with the best keep their place by mean), unscored last."""
+    """Best mean first, unscored last."""
     return (s.get("order", 10**6), s["mechanism"])
 
 
@@ -163,7 +254,26 @@ def format_interval(interval: Interval | None, column: str) -> str:
     value = _format_value(interval.mean, column)
     if interval.n < 2:
         return value
-    return f"{value} ± {_format_value(interval.half_width, column)}"
+    below, above = interval.mean - interval.low, interval.high - interval.mean
+    if math.isclose(below, above, rel_tol=1e-9, abs_tol=1e-12):
+        return f"{value} ± {_format_value(interval.half_width, column)}"
+    return f"{value} [{_format_value(interval.low, column)}, {_format_value(interval.high, column)}]"  # clipped
+
+
+def format_difference(difference: PairedDifference | None, metric: str, *, interval: bool) -> str:
+    """``+0.012 [-0.004, +0.028]`` (``interval``) or ``+0.012``; ``-`` for the reference."""
+    if difference is None or not math.isfinite(difference.mean):
+        return "-"
+    text = f"{difference.mean:+.3f}" if not metric.endswith("_per_s") else f"{difference.mean:+,.0f}"
+    if interval and math.isfinite(difference.low):
+        text += f" [{difference.low:+.3f}, {difference.high:+.3f}]"
+    return text
+
+
+def format_p(difference: PairedDifference | None) -> str:
+    if difference is None or not math.isfinite(difference.p_value):
+        return "-"
+    return f"{difference.p_value:.2g}"
 
 
 def _format_value(value: float, column: str) -> str:
@@ -175,21 +285,34 @@ def _format_value(value: float, column: str) -> str:
 
 
 def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
-    """The summary in at most 120 columns: mechanism, short options, the primary metric, val loss,
-    tokens/s and the memory training added, each mean ± 95% interval half-width, then the rank."""
-    shown = [metric, "val_loss" if metric != "val_loss" else "val_ppl", "tokens_per_s", "train_mem_mb"]
+    """The summary in at most 120 columns, best first: mechanism, short options, the primary metric (mean ± 95%
+    interval), the paired difference from the reference and its verdict, tokens/s and the memory training added.
+    The difference's interval and p-value are in ``summary.csv`` / ``summary.md``."""
+    shown = [metric, "tokens_per_s", "train_mem_mb"]
     titles = {"tokens_per_s": "tokens/s", "train_mem_mb": "train MB"}
-    table = Table(title=f"zoo compare (mean ± 95% interval over seeds; rank by {metric}, =1: tied with the best)")
-    table.add_column("rank", justify="right")
+    reference = summary[0]["reference"] if summary else "full"
+    margin = summary[0]["margin"] if summary else None
+    margin_text = f"δ = {margin:g}" if margin is not None else "no margin"
+    table = Table(
+        title=f"zoo compare: mean ± 95% interval over seeds; verdict vs {reference} on {metric}, {margin_text}"
+    )
     table.add_column("mechanism", max_width=18, overflow="fold")
     table.add_column("options", max_width=22, overflow="ellipsis", no_wrap=True)
-    for column in shown:
+    table.add_column(metric, justify="right")
+    table.add_column(f"Δ vs {reference}"[:16], justify="right")
+    table.add_column("verdict")
+    for column in shown[1:]:
         table.add_column(titles.get(column, column), justify="right")
     table.add_column("ok", justify="right")
+    colours = {"better": "green", "worse": "red", "on par": "cyan"}
     for s in sorted(summary, key=_rank_order):
         cells = [format_interval(s["intervals"].get(c), c) for c in shown]
         ok = f"{s['ok']}/{s['seeds']}" if s["ok"] == s["seeds"] else f"[red]{s['ok']}/{s['seeds']}[/]"
-        table.add_row(s["rank"], escape(s["mechanism"]), escape(short_options(s["options"])), *cells, ok)
+        verdict = s["verdict"]
+        styled = f"[{colours[verdict]}]{verdict}[/]" if verdict in colours else verdict
+        difference = format_difference(s["difference"], metric, interval=False)
+        table.add_row(escape(s["mechanism"]), escape(short_options(s["options"])), cells[0], difference, styled,
+                      *cells[1:], ok)  # fmt: skip
     out.print(table, width=min(120, out.width))
     for s in summary:
         if s["problems"]:
@@ -212,7 +335,7 @@ def plot(summary: list[dict[str, Any]], metric: str, directory: Path, title: str
     figure, axes = plt.subplots(figsize=(8, 5))
     for index, s in enumerate(done):  # a legend, not annotations: close points would overprint their labels
         x, y = s["intervals"]["tokens_per_s"], s["intervals"][metric]
-        axes.errorbar(x.mean, y.mean, xerr=x.half_width, yerr=y.half_width, fmt=markers[index % len(markers)],
+        axes.errorbar(x.mean, y.mean, xerr=_error_bar(x), yerr=_error_bar(y), fmt=markers[index % len(markers)],
                       capsize=3, markersize=6, label=f"{s['mechanism']} ({s['ok']} seeds)")  # fmt: skip
     axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes.set_xlabel("training throughput (real tokens / s)")
@@ -229,7 +352,8 @@ def plot(summary: list[dict[str, Any]], metric: str, directory: Path, title: str
     start = [s["intervals"]["peak_mem_mb"].mean - a.mean for s, a in zip(with_memory, added, strict=True)]
     figure, axes = plt.subplots(figsize=(7, 0.4 * max(len(names), 3) + 1.5))
     axes.barh(names, start, color="lightgray", label="in use when training started")
-    axes.barh(names, [a.mean for a in added], left=start, xerr=[a.half_width for a in added], capsize=3,
+    axes.barh(names, [a.mean for a in added], left=start, xerr=[[a.mean - a.low for a in added],
+              [a.high - a.mean for a in added]], capsize=3,
               label="added by training (to the peak), ± 95% interval")  # fmt: skip
     axes.invert_yaxis()
     axes.set_xlabel("peak memory (MB): CUDA allocated, or CPU resident set size")
@@ -239,6 +363,11 @@ def plot(summary: list[dict[str, Any]], metric: str, directory: Path, title: str
     figure.tight_layout()
     figure.savefig(directory / "peak_memory.png", dpi=120)
     plt.close(figure)
+
+
+def _error_bar(interval: Interval) -> list[list[float]]:
+    """Matplotlib's asymmetric error: [[below], [above]] (a clipped interval is not symmetric)."""
+    return [[interval.mean - interval.low], [interval.high - interval.mean]]
 
 
 def _number(value: Any) -> float | None:

@@ -12,7 +12,8 @@ Writes into the compare experiment's folder:
 - ``report.md``: the same numbers as a table, then "which mechanism at which length": for every length
   the bench measured, the mechanisms that are faster than full attention there (bench speedup, the
   median time of full / the mechanism's, at the bench's mode and dtype) with what they gave up on the
-  compared task: the difference of means from ``full`` with a Welch 95% interval. The accuracy is the
+  compared task: the paired difference from ``full`` over shared seeds, its 95% interval and the verdict of
+  the rule in :mod:`experiments.stats` (the same as ``zoo compare``'s summary). The accuracy is the
   compared task's, at its one length; the speed column is the bench's, at each length.
 
 Bench rows are matched to compare entries by mechanism and options; a mechanism the bench measured only
@@ -24,13 +25,18 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from experiments.bench_tables import is_baseline
-from experiments.compare_summary import lower_is_better, primary_metric, summarize_mechanisms
-from experiments.stats import t_quantile
+from experiments.compare_summary import (
+    format_difference,
+    format_interval,
+    lower_is_better,
+    primary_metric,
+    summarize_mechanisms,
+)
+from experiments.stats import PairedDifference
 
 
 def load_compare(directory: Path) -> list[dict[str, Any]]:
@@ -75,27 +81,19 @@ def bench_speedups(bench: list[dict[str, Any]], attention: str, options: dict) -
     return {r["seq_len"]: base[r["seq_len"]] / r["time_ms_median"] for r in same if r["seq_len"] in base}, note
 
 
-def difference(a: Any, b: Any) -> tuple[float, float] | None:
-    """Mean of a minus mean of b, with the half-width of its Welch 95% interval (0 when a seed count is 1)."""
-    if a is None or b is None:
-        return None
-    diff = a.mean - b.mean
-    if a.n < 2 or b.n < 2:
-        return diff, 0.0
-    va, vb = a.std**2 / a.n, b.std**2 / b.n
-    if va + vb == 0:
-        return diff, 0.0
-    dof = (va + vb) ** 2 / (va**2 / (a.n - 1) + vb**2 / (b.n - 1))
-    return diff, t_quantile(0.975, max(1, math.floor(dof))) * math.sqrt(va + vb)
-
-
 def write_report(
-    experiment: Path, bench_dir: Path, *, mode: str = "fwd+bwd", dtype: str = "float32", level: str = "core"
+    experiment: Path,
+    bench_dir: Path,
+    *,
+    mode: str = "fwd+bwd",
+    dtype: str = "float32",
+    level: str = "core",
+    margin: float | None = None,
 ) -> Path:
     rows = load_compare(experiment)
     bench = load_bench(bench_dir, mode=mode, dtype=dtype, level=level)
     metric = primary_metric(rows)
-    summary = [s for s in summarize_mechanisms(rows, metric) if s["ok"]]
+    summary = [s for s in summarize_mechanisms(rows, metric, reference="full", margin=margin) if s["ok"]]
     reference = next((s for s in summary if s["attention"] == "full"), None)
     if reference is None:
         raise ValueError(f"{experiment} has no finished 'full' run: speedups and accuracy changes are against full")
@@ -110,13 +108,15 @@ def write_report(
                 "speedup_half": speed.half_width / full_speed,
                 "metric": s["intervals"][metric],
                 "memory": s["intervals"]["train_mem_mb"].mean if s["intervals"].get("train_mem_mb") else 0.0,
-                "change": difference(s["intervals"][metric], reference["intervals"][metric]),
+                "change": s["difference"],
             }
         )
     front = pareto_front(points, lower_is_better(metric))
     plot_pareto(points, front, metric, experiment / "pareto.png", experiment.name)
 
     sign = "lower" if lower_is_better(metric) else "higher"
+    delta = reference["margin"]
+    margin_text = f"δ = {delta:g}" if delta is not None else "no margin"
     lines = [
         f"# zoo report: {experiment.name}",
         "",
@@ -126,14 +126,20 @@ def write_report(
         "",
         "## The compared task",
         "",
-        "| mechanism | options | seeds | " + metric + " | change vs full | speedup in training | train MB | Pareto |",
-        "|---|---|---|---|---|---|---|---|",
+        "Change vs full: the paired difference over shared seeds with its 95% interval, and the verdict"
+        f" ({margin_text}: `on par` if the 90% interval lies inside ±δ, else `better`/`worse` if the 95% interval"
+        " excludes 0, else `inconclusive`).",
+        "",
+        "| mechanism | options | seeds | " + metric + " | change vs full | verdict | speedup in training | train MB |"
+        " Pareto |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in sorted(points, key=lambda p: -p["speedup"]):
         s = p["summary"]
         lines.append(
             f"| {s['mechanism']} | `{s['options']}` | {s['ok']} | {_interval(p['metric'])} | {_change(p['change'])} | "
-            f"{p['speedup']:.2f}x ± {p['speedup_half']:.2f} | {p['memory']:,.0f} | {'yes' if p in front else ''} |"
+            f"{s['verdict']} | {p['speedup']:.2f}x ± {p['speedup_half']:.2f} | {p['memory']:,.0f} | "
+            f"{'yes' if p in front else ''} |"
         )
     lengths = sorted({r["seq_len"] for r in bench})
     lines += [
@@ -141,7 +147,7 @@ def write_report(
         "## Which mechanism at which length",
         "",
         f"Faster than full attention at each length (bench speedup), with the {metric} change on the compared task"
-        " (difference from full, Welch 95% interval; a change whose interval holds 0 is no measurable loss).",
+        " (paired difference from full, 95% interval) and its verdict.",
         "",
         "| n | faster than full: speedup (change in " + metric + ") | not faster |",
         "|---|---|---|",
@@ -158,9 +164,12 @@ def write_report(
                 notes[s["mechanism"]] = note
             if n not in speedups:
                 continue
-            (faster if speedups[n] > 1 else slower).append((speedups[n], s["mechanism"], p["change"]))
-        cells = [f"{name} {speed:.1f}x ({_change(change)})" for speed, name, change in sorted(faster, reverse=True)]
-        behind = ", ".join(name for _, name, _ in sorted(slower, reverse=True))
+            (faster if speedups[n] > 1 else slower).append((speedups[n], s["mechanism"], p["change"], s["verdict"]))
+        cells = [
+            f"{name} {speed:.1f}x ({_change(change)}, {verdict})"
+            for speed, name, change, verdict in sorted(faster, reverse=True)
+        ]
+        behind = ", ".join(name for _, name, _, _ in sorted(slower, reverse=True))
         lines.append(f"| {n} | {', '.join(cells) or '-'} | {behind or '-'} |")
     if notes:
         lines += ["", "Bench rows measured with other options than the compared run:"]
@@ -197,7 +206,8 @@ def plot_pareto(points: list[dict[str, Any]], front: list[dict[str, Any]], metri
     biggest = max((p["memory"] for p in points), default=1.0) or 1.0
     for p in points:
         s = p["summary"]
-        axes.errorbar(p["speedup"], p["metric"].mean, xerr=p["speedup_half"], yerr=p["metric"].half_width,
+        yerr = [[p["metric"].mean - p["metric"].low], [p["metric"].high - p["metric"].mean]]
+        axes.errorbar(p["speedup"], p["metric"].mean, xerr=p["speedup_half"], yerr=yerr,
                       fmt="none", ecolor="gray", capsize=2, zorder=1)  # fmt: skip
         axes.scatter(p["speedup"], p["metric"].mean, s=40 + 400 * p["memory"] / biggest, alpha=0.6,
                      edgecolors="black", zorder=2)  # fmt: skip
@@ -217,14 +227,11 @@ def plot_pareto(points: list[dict[str, Any]], front: list[dict[str, Any]], metri
 
 
 def _interval(interval: Any) -> str:
-    return f"{interval.mean:.3f}" + (f" ± {interval.half_width:.3f}" if interval.n > 1 else "")
+    return format_interval(interval, "")
 
 
-def _change(change: tuple[float, float] | None) -> str:
-    if change is None:
-        return "-"
-    diff, half = change
-    return f"{diff:+.3f}" + (f" ± {half:.3f}" if half else "")
+def _change(change: PairedDifference | None) -> str:
+    return format_difference(change, "", interval=True)
 
 
 def _parse(value: str) -> Any:
@@ -247,9 +254,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--mode", default="fwd+bwd", choices=["fwd", "fwd+bwd"], help="bench mode (training: fwd+bwd)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--level", default="core", choices=["core", "mha", "layer", "encoder"])
+    parser.add_argument("--margin", type=float, default=None, help="equivalence margin δ (default: the metric's)")
     args = parser.parse_args(argv)
+    if args.margin is not None and not args.margin >= 0:
+        parser.error(f"--margin must be >= 0, got {args.margin}")
     try:
-        path = write_report(args.compare, args.bench, mode=args.mode, dtype=args.dtype, level=args.level)
+        path = write_report(
+            args.compare, args.bench, mode=args.mode, dtype=args.dtype, level=args.level, margin=args.margin
+        )
     except ValueError as error:
         parser.error(str(error))
     print(f"wrote {path} and {path.parent / 'pareto.png'}")

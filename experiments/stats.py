@@ -1,18 +1,64 @@
-"""Summary statistics over seeds: mean, sample standard deviation and Student-t 95% confidence intervals.
+"""Statistics over seeds: per-mechanism intervals, and the paired comparison with a reference that gives verdicts.
 
-With n runs of a mechanism, the interval for its mean is ``mean ± t_{0.975, n-1} · s / sqrt(n)`` (s: the
-sample standard deviation). Few seeds give wide intervals (t = 12.71 for n = 2, 4.30 for n = 3): that is
-the honest width, and why ``zoo compare`` marks mechanisms whose interval overlaps the best one as tied
-rather than ranking them below it. The t quantile is computed here (no SciPy): the t distribution's CDF
-is the regularized incomplete beta function, evaluated with Lentz's continued fraction (Numerical
-Recipes, 3rd ed., Sec. 6.4), and inverted by bisection.
+Per mechanism, the 95% Student-t interval of its mean over n seeds, ``mean ± t_{0.975, n-1} · s / √n``, clipped
+to the metric's range (an accuracy interval never runs past 1).
+
+Against a reference mechanism (default ``full``), runs are paired by seed: seed s of both shares the data order
+and the initialisation seed. Over the seeds both finished, d_s = metric(mechanism, s) - metric(reference, s);
+the paired t-test gives the mean difference, its intervals and a two-sided p-value (``scipy.stats``). The
+verdict follows one rule, with an equivalence margin δ in the metric's units:
+
+1. ``on par``: the 90% interval of the mean difference lies inside ±δ (two one-sided tests at α = 0.05). This
+   comes first: a detectable difference smaller than the margin is on par.
+2. else ``better`` or ``worse``: the 95% interval excludes 0 (the sign says which, by the metric's direction);
+3. else ``inconclusive``;
+4. the reference itself is ``reference``.
+
+With fewer than two shared seeds the verdict is ``inconclusive`` (there is no spread to test against). When every
+seed gives the same difference (zero variance) the intervals are that one point: ``on par`` if |d| ≤ δ, else
+``better`` or ``worse``. Overlapping per-mechanism intervals are never read as equivalence.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+from scipy import stats
+
+Verdict = Literal["reference", "on par", "better", "worse", "inconclusive"]
+
+#: δ by metric family, in the metric's units: accuracy-like 0.01, BLEU-like 0.5 points, loss 0.02 nats
+#: (about 2% of perplexity); perplexity's margin is relative (see :func:`default_margin`).
+DEFAULT_MARGINS = {"acc": 0.01, "f1": 0.01, "bleu": 0.5, "chrf": 0.5, "loss": 0.02}
+PPL_RELATIVE_MARGIN = 0.02
+
+
+def metric_bounds(metric: str) -> tuple[float | None, float | None]:
+    """The range a metric can take: accuracy and F1 in [0, 1], BLEU and chrF in [0, 100], perplexity >= 1,
+    losses, rates, memory and durations >= 0; anything else unbounded."""
+    if metric.endswith(("acc", "f1")):
+        return 0.0, 1.0
+    if metric.endswith(("bleu", "chrf")):
+        return 0.0, 100.0
+    if metric.endswith("ppl"):
+        return 1.0, None
+    if metric.endswith(("loss", "_per_s", "mem_mb", "_s")):
+        return 0.0, None
+    return None, None
+
+
+def default_margin(metric: str, reference_mean: float | None = None) -> float | None:
+    """δ for ``metric`` (module docstring): by the metric's family; for perplexity 2% of the reference's mean,
+    the 0.02-nat loss margin carried to perplexity (d ppl / ppl = d loss). None where no default exists."""
+    if metric.endswith("ppl"):
+        return None if reference_mean is None else PPL_RELATIVE_MARGIN * reference_mean
+    for family, margin in DEFAULT_MARGINS.items():
+        if metric.endswith(family):
+            return margin
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,14 +75,19 @@ class Interval:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
-    def overlaps(self, other: Interval) -> bool:
-        return self.low <= other.high and other.low <= self.high
+
+def _finite(values: Sequence[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
 
 
-def summarize(values: Sequence[float], confidence: float = 0.95) -> Interval | None:
-    """The interval of the finite ``values`` (None when there is none). One value gives a zero-width
-    interval: a single seed says nothing about the spread, which the summary reports as n = 1."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+def summarize(
+    values: Sequence[float | None],
+    confidence: float = 0.95,
+    bounds: tuple[float | None, float | None] = (None, None),
+) -> Interval | None:
+    """The Student-t interval of the finite ``values`` (None when there is none), clipped to ``bounds``. One
+    value gives a zero-width interval: a single seed says nothing about the spread (reported as n = 1)."""
+    finite = _finite(values)
     n = len(finite)
     if n == 0:
         return None
@@ -44,55 +95,74 @@ def summarize(values: Sequence[float], confidence: float = 0.95) -> Interval | N
     if n == 1:
         return Interval(1, mean, 0.0, mean, mean)
     std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
-    half = t_quantile(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
-    return Interval(n, mean, std, mean - half, mean + half)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    low, high = mean - half, mean + half
+    if bounds[0] is not None:
+        low = max(low, bounds[0])
+    if bounds[1] is not None:
+        high = min(high, bounds[1])
+    return Interval(n, mean, std, low, high)
 
 
-def t_quantile(p: float, dof: int) -> float:
-    """The p-quantile of Student's t distribution with ``dof`` degrees of freedom (0.5 < p < 1)."""
-    if not 0.5 < p < 1 or dof < 1:
-        raise ValueError(f"need 0.5 < p < 1 and dof >= 1, got p={p}, dof={dof}")
-    low, high = 0.0, 1.0
-    while t_cdf(high, dof) < p:
-        high *= 2
-    for _ in range(200):
-        middle = (low + high) / 2
-        low, high = (middle, high) if t_cdf(middle, dof) < p else (low, middle)
-    return (low + high) / 2
+@dataclass(frozen=True)
+class PairedDifference:
+    """Mechanism minus reference over ``n`` shared seeds: the mean difference, its 95% interval
+    (``low``, ``high``), its 90% interval (``low90``, ``high90``, the TOST interval), the paired t-test's
+    two-sided ``p_value``, the ``margin`` δ and the resulting ``verdict`` with a one-line ``reason``."""
+
+    n: int
+    mean: float
+    low: float
+    high: float
+    low90: float
+    high90: float
+    p_value: float
+    margin: float | None
+    verdict: Verdict
+    reason: str
 
 
-def t_cdf(t: float, dof: int) -> float:
-    """P(T <= t) for Student's t: 1 - I_x(dof/2, 1/2) / 2 with x = dof / (dof + t^2), for t >= 0."""
-    tail = regularized_beta(dof / (dof + t * t), dof / 2, 0.5) / 2
-    return 1 - tail if t >= 0 else tail
+def paired_difference(
+    values: Mapping[int, float | None],
+    reference: Mapping[int, float | None],
+    *,
+    margin: float | None,
+    higher_is_better: bool,
+) -> PairedDifference:
+    """Compare ``values`` with ``reference`` (both seed -> metric) over the seeds both have a finite value for,
+    and give the verdict of the module's rule. ``margin`` None: no equivalence test (never ``on par``)."""
+    if margin is not None and not margin >= 0:
+        raise ValueError(f"the equivalence margin must be >= 0, got {margin}")
+    seeds = sorted(s for s in values if s in reference and len(_finite([values[s], reference[s]])) == 2)
+    differences = [float(values[s]) - float(reference[s]) for s in seeds]  # type: ignore[arg-type]
+    n = len(differences)
+    nan = float("nan")
+    if n < 2:
+        mean = differences[0] if differences else nan
+        reason = "one shared seed: no spread to test against" if n else "no seed shared with the reference"
+        return PairedDifference(n, mean, nan, nan, nan, nan, nan, margin, "inconclusive", reason)
+    mean = sum(differences) / n
+    std = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
+    if std == 0:
+        within = margin is not None and abs(mean) <= margin
+        verdict: Verdict = "on par" if within else _direction(mean, higher_is_better)
+        p_value = 1.0 if mean == 0 else 0.0
+        reason = f"every seed gives the same difference {mean:+.4g}"
+        return PairedDifference(n, mean, mean, mean, mean, mean, p_value, margin, verdict, reason)
+    error = std / math.sqrt(n)
+    half95 = float(stats.t.ppf(0.975, n - 1)) * error
+    half90 = float(stats.t.ppf(0.95, n - 1)) * error
+    p_value = float(stats.ttest_rel([values[s] for s in seeds], [reference[s] for s in seeds]).pvalue)
+    low, high, low90, high90 = mean - half95, mean + half95, mean - half90, mean + half90
+    if margin is not None and -margin <= low90 and high90 <= margin:
+        verdict, reason = "on par", f"90% interval [{low90:+.4g}, {high90:+.4g}] inside ±{margin:g}"
+    elif low > 0 or high < 0:
+        verdict, reason = _direction(mean, higher_is_better), f"95% interval [{low:+.4g}, {high:+.4g}] excludes 0"
+    else:
+        inside = "" if margin is None else f"; 90% interval [{low90:+.4g}, {high90:+.4g}] not inside ±{margin:g}"
+        verdict, reason = "inconclusive", f"95% interval [{low:+.4g}, {high:+.4g}] holds 0{inside}"
+    return PairedDifference(n, mean, low, high, low90, high90, p_value, margin, verdict, reason)
 
 
-def regularized_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1) / (a + b + 2):
-        return math.exp(log_front) * _beta_fraction(x, a, b) / a
-    return 1 - math.exp(log_front) * _beta_fraction(1 - x, b, a) / b
-
-
-def _beta_fraction(x: float, a: float, b: float) -> float:
-    """The continued fraction of I_x(a, b), by the modified Lentz method."""
-    tiny, eps = 1e-300, 1e-15
-    c, d = 1.0, 1 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
-            d = 1 + numerator * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= c * d
-        if abs(c * d - 1) < eps:
-            break
-    return result
+def _direction(difference: float, higher_is_better: bool) -> Verdict:
+    return "better" if (difference > 0) == higher_is_better else "worse"

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
+from attention_zoo.init import init_linear_
 from tasks.base import STAGES, EncoderTask, Stage
 
 
@@ -44,6 +45,7 @@ class SequenceClassification(EncoderTask):
         super().__init__(vocab_size, max_seq_len, num_classes, **encoder)
         self.pooling = pooling
         self.head = nn.Linear(self.hparams.dim, num_classes)
+        init_linear_(self.head)  # Xavier, zero bias: the encoder's convention (attention_zoo.init)
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_metrics": MetricCollection(

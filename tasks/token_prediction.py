@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
+from attention_zoo.init import init_linear_
 from tasks.base import STAGES, EncoderTask, Stage
 
 IGNORE_INDEX = -100
@@ -40,6 +41,7 @@ class TokenPrediction(EncoderTask):
     def __init__(self, vocab_size: int, max_seq_len: int, num_classes: int, **encoder: Any) -> None:
         super().__init__(vocab_size, max_seq_len, num_classes, **encoder)
         self.head = nn.Linear(self.hparams.dim, num_classes)
+        init_linear_(self.head)  # Xavier, zero bias: the encoder's convention (attention_zoo.init)
         # one metric object per stage ("train" cannot be a ModuleDict key: it is nn.Module.train)
         self.accuracy = nn.ModuleDict(
             {f"{s}_acc": MulticlassAccuracy(num_classes, average="micro", ignore_index=IGNORE_INDEX) for s in STAGES}

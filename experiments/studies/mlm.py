@@ -8,7 +8,7 @@ the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of 
 collects them, whatever is finished so far, and says which runs and seeds exist.
 
     zoo study mlm --runs_dir /work/runs/linformer_paper --out experiments/results/linformer_paper/mlm
-    zoo study mlm --replot experiments/results/linformer_paper/mlm
+    zoo study mlm --replot experiments/results/linformer_paper/mlm     # table and figure from the committed CSVs
 
 Writes ``curves.csv`` (val/ppl by step from each run's TensorBoard events), ``runs.csv`` (one row per expected
 run: status, final val/ppl from ``run.json``), ``table.csv`` and ``table.md`` (final perplexity per variant:
@@ -18,6 +18,7 @@ mean, std and 95% interval over the finished seeds, with coverage), then ``fig3.
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from attention_zoo.linformer import DEFAULT_K
 from experiments.compare import plan
 from experiments.compare_runs import read_record
 from experiments.console import console
-from experiments.stats import summarize
+from experiments.stats import default_margin, metric_bounds, paired_difference, summarize
 from experiments.studies.common import write_csv
 from experiments.studies.mlm_plots import plot
 
@@ -40,7 +41,8 @@ CURVE_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed"
 RUN_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "max_steps",
                "final_val_ppl", "run_dir"]  # fmt: skip
 TABLE_COLUMNS = ["n", "attention", "k", "sharing", "seeds_expected", "seeds_finished", "seeds", "mean", "std",
-                 "ci_low", "ci_high"]  # fmt: skip
+                 "ci_low", "ci_high", "paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin",
+                 "verdict"]  # fmt: skip
 METRIC = "val/ppl"
 
 
@@ -125,34 +127,61 @@ def collect(expected: list[ExpectedRun]) -> tuple[list[dict], list[dict]]:
 
 
 def table_rows(runs: list[dict]) -> list[dict]:
-    """Final perplexity per (n, attention, k, sharing) over its finished seeds, in first-seen order."""
+    """Final perplexity per (n, attention, k, sharing) over its finished seeds, in first-seen order, with the
+    paired difference from full attention at the same n and its verdict (the rule of :mod:`experiments.stats`,
+    margin 2% of full's perplexity)."""
     groups: dict[tuple, list[dict]] = {}
     for row in runs:
         groups.setdefault((row["n"], row["attention"], row["k"], row["sharing"]), []).append(row)
+    finals = {
+        key: {int(r["seed"]): float(r["final_val_ppl"]) for r in rows if r["status"] == "finished"
+              and r["final_val_ppl"] != ""}
+        for key, rows in groups.items()
+    }  # fmt: skip
     table = []
     for (n, attention, k, sharing), rows in groups.items():
-        finished = [r for r in rows if r["status"] == "finished" and r["final_val_ppl"] != ""]
-        interval = summarize([float(r["final_val_ppl"]) for r in finished])
+        per_seed = finals[(n, attention, k, sharing)]
+        interval = summarize(list(per_seed.values()), bounds=metric_bounds("val_ppl"))
         item = {"n": n, "attention": attention, "k": k, "sharing": sharing, "seeds_expected": len(rows),
-                "seeds_finished": len(finished), "seeds": " ".join(str(r["seed"]) for r in finished)}  # fmt: skip
+                "seeds_finished": len(per_seed), "seeds": " ".join(str(s) for s in per_seed)}  # fmt: skip
         for part, name in (("mean", "mean"), ("std", "std"), ("low", "ci_low"), ("high", "ci_high")):
             item[name] = "" if interval is None else f"{getattr(interval, part):.4f}"
+        reference = next((finals[key] for key in finals if key[0] == n and key[1] == "full"), None)
+        item |= dict.fromkeys(("paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin"), "")
+        item["verdict"] = "reference" if attention == "full" else "-"
+        if attention != "full" and reference:
+            full_mean = sum(reference.values()) / len(reference)
+            margin = default_margin("val_ppl", full_mean)
+            difference = paired_difference(per_seed, reference, margin=margin, higher_is_better=False)
+            item |= {"paired_seeds": difference.n, "margin": f"{margin:.4f}", "verdict": difference.verdict}
+            for name, value in (("delta", difference.mean), ("delta_lo", difference.low),
+                                ("delta_hi", difference.high), ("p_value", difference.p_value)):  # fmt: skip
+                item[name] = f"{value:.4f}" if value == value else ""
         table.append(item)
     return table
 
 
 def markdown(table: list[dict], runs: list[dict]) -> str:
     lines = [
-        "| n | model | k | sharing | final val ppl, mean ± std | 95% interval | seeds finished |",
-        "|---|---|---|---|---|---|---|",
+        "Δ: the paired difference from full attention at the same n over shared seeds (95% interval), p: paired"
+        " t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's perplexity: `on par` if the 90%"
+        " interval lies inside ±δ, else `better`/`worse` if the 95% interval excludes 0, else `inconclusive`.",
+        "",
+        "| n | model | k | sharing | final val ppl, mean ± std | 95% interval | seeds finished | Δ vs full [95% CI]"
+        " | p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         value = f"{float(row['mean']):.3f} ± {float(row['std']):.3f}" if row["mean"] else "-"
         interval = f"[{float(row['ci_low']):.3f}, {float(row['ci_high']):.3f}]" if row["seeds_finished"] > 1 else "-"
         seeds = f"{row['seeds_finished']}/{row['seeds_expected']}" + (f" ({row['seeds']})" if row["seeds"] else "")
+        delta = f"{float(row['delta']):+.3f}" if row["delta"] != "" else "-"
+        if row["delta_lo"] != "":
+            delta += f" [{float(row['delta_lo']):+.3f}, {float(row['delta_hi']):+.3f}]"
+        p_value = f"{float(row['p_value']):.2g}" if row["p_value"] != "" else "-"
         lines.append(
             f"| {row['n']} | {row['attention']} | {row['k'] or '-'} | {row['sharing'] or '-'} | {value} | {interval} "
-            f"| {seeds} |"
+            f"| {seeds} | {delta} | {p_value} | {row['verdict']} |"
         )
     missing = [r for r in runs if r["status"] != "finished"]
     lines += ["", f"Coverage: {len(runs) - len(missing)} of {len(runs)} expected runs finished."]
@@ -173,7 +202,9 @@ def build_parser() -> ArgumentParser:
         "--runs_dir", type=str | None, default=None, help="where the experiments ran (default: each config's runs_dir)"
     )
     parser.add_argument("--out", type=str, default="runs/studies/mlm", help="output folder")
-    parser.add_argument("--replot", type=str | None, default=None, help="redraw the figure of this folder's CSVs")
+    parser.add_argument(
+        "--replot", type=str | None, default=None, help="rewrite the table and redraw the figure of this folder's CSVs"
+    )
     return parser
 
 
@@ -182,7 +213,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     out = console()
     if args.replot:
-        written = plot(Path(args.replot))
+        directory = Path(args.replot)
+        with open(directory / "runs.csv") as file:
+            runs = list(csv.DictReader(file))
+        table = table_rows(runs)
+        write_csv(directory / "table.csv", table, TABLE_COLUMNS)
+        (directory / "table.md").write_text(markdown(table, runs))
+        written = [directory / "table.csv", directory / "table.md", *plot(directory)]
         out.print("wrote " + ", ".join(str(p) for p in written))
         return 0
     expected = expected_runs(Path(args.configs), Path(args.runs_dir) if args.runs_dir else None)

@@ -3,7 +3,8 @@
 Trains, on the same batches of the study's data module (n = 512, batch 2, byte-level MLM on the standard
 library), two models of the same size (dim 128, depth 4, 4 heads, ff 512, no dropout, pre-LayerNorm):
 
-- ``library``: ``attention_zoo.TransformerEncoder`` with full attention + a linear head (the study's model);
+- ``library``: ``attention_zoo.TransformerEncoder`` with full attention + a linear head (the study's model), in
+  the library's initialisation (``--library_init library``, the GPT-2 convention), or its earlier one (``legacy``);
 - ``reference``: ``torch.nn.TransformerEncoder`` (PyTorch's own attention and layers, norm_first) with learned
   token and position embeddings + a linear head: nothing of the library but the data.
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention_zoo import TransformerEncoder
+from attention_zoo.init import init_linear_
 from tasks.data.mlm import MaskedLMDataModule
 
 IGNORE = -100
@@ -46,22 +48,26 @@ class Reference(nn.Module):
 
 
 class Library(nn.Module):
-    def __init__(self, vocab: int, dim: int, depth: int, heads: int, n: int, init: str = "default") -> None:
+    def __init__(self, vocab: int, dim: int, depth: int, heads: int, n: int, init: str = "library") -> None:
         super().__init__()
         self.encoder = TransformerEncoder(vocab, dim, depth, heads, n, attention="full", ff_mult=4, dropout=0.0)
-        if init == "embeddings_n01":  # nn.Embedding's N(0, 1), as the reference, not the library's N(0, 0.02)
+        if init == "legacy":  # the library's init before the GPT-2 convention: N(0, 0.02) embeddings, torch Linears
+            for module in self.encoder.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()
+        if init in ("embeddings_n01", "vaswani", "vaswani_scaled"):  # nn.Embedding's N(0, 1), as the reference
             nn.init.normal_(self.encoder.token_embedding.weight)
             nn.init.normal_(self.encoder.position_embedding.table.weight)
-        if init == "xavier":  # nn.MultiheadAttention's: Xavier-uniform over the stacked (3 dim, dim) q, k, v weight
-            for layer in self.encoder.layers:
-                attn = layer.attn
-                stacked = torch.empty(3 * attn.to_q.out_features, attn.to_q.in_features)
-                nn.init.xavier_uniform_(stacked)
-                with torch.no_grad():
-                    for linear, part in zip((attn.to_q, attn.to_k, attn.to_v), stacked.chunk(3), strict=True):
-                        linear.weight.copy_(part)
-                        linear.bias.zero_()
-                    attn.to_out.bias.zero_()
+        if init in ("vaswani", "vaswani_scaled"):  # Xavier-uniform Linears with zero biases
+            for module in self.encoder.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.xavier_uniform_(module.weight)
+                    nn.init.zeros_(module.bias)
+        if init == "vaswani_scaled":  # ... and the residual output projections down-scaled by 1 / sqrt(2 depth)
+            with torch.no_grad():
+                for layer in self.encoder.layers:
+                    for linear in (layer.attn.to_out, layer.ff[3]):
+                        linear.weight /= math.sqrt(2 * depth)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(tokens, mask)
@@ -82,8 +88,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--val_batches", type=int, default=16)
     parser.add_argument("--activation", default="relu", choices=["relu", "gelu"], help="reference FF (library: gelu)")
-    parser.add_argument("--library_init", default="default", choices=["default", "xavier", "embeddings_n01"])
+    parser.add_argument(
+        "--library_init",
+        default="library",
+        choices=["library", "legacy", "embeddings_n01", "vaswani", "vaswani_scaled"],
+        help="library: its GPT-2 convention; legacy: PyTorch's default Linear init beside N(0, 0.02) embeddings",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of both models' initialisation (data: seed 0)")
+    parser.add_argument("--models", default="both", choices=["both", "library"], help="library: skip the reference")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = MaskedLMDataModule(max_seq_len=args.n, batch_size=args.batch, seed=0)
@@ -99,11 +111,13 @@ def main() -> None:
     )
 
     models = {}
-    for name, cls in (("library", Library), ("reference", Reference)):
+    for name, cls in (("library", Library), ("reference", Reference))[: 1 if args.models == "library" else 2]:
         torch.manual_seed(args.seed)
         extra = {"activation": args.activation} if cls is Reference else {"init": args.library_init}
         body = cls(data.vocab_size, 128, 4, 4, args.n, **extra)
         head = nn.Linear(128, data.num_classes)
+        if cls is Library and args.library_init != "legacy":
+            init_linear_(head)
         params = list(body.parameters()) + list(head.parameters())
         optimiser = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
         models[name] = (body, head, params, optimiser)
