@@ -7,7 +7,7 @@
 """
 
 from attention_zoo import mechanisms  # noqa: F401  (registers every built-in mechanism)
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError
 from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
 from attention_zoo.mha import MultiHeadAttention
@@ -24,6 +24,7 @@ from attention_zoo.transformer import TransformerDecoder, TransformerEncoder
 __all__ = [
     "AttentionCore",
     "BuildContext",
+    "DoubleBackwardError",
     "MultiHeadAttention",
     "Seq2SeqTransformer",
     "TransformerDecoder",

@@ -56,11 +56,14 @@ class DecodingState:
 
     def __init__(self) -> None:
         self.length = 0
+        #: sequences per step, fixed by the first step and changed only by :meth:`reorder`; None before
+        self.batch: int | None = None
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (a 1-d long tensor; rows may repeat), in that order."""
         for name, value in vars(self).items():
             setattr(self, name, _reorder(value, index))
+        self.batch = index.numel()
 
 
 def _reorder(value: Any, index: Tensor) -> Any:
@@ -110,6 +113,9 @@ class AttentionCore(nn.Module):
     #: for a core without causal attention: the registered core a decoder uses for causal self-attention
     #: instead (e.g. ``linformer`` -> ``linformer_causal``); None when there is none
     causal_counterpart: ClassVar[str | None] = None
+    #: second-order gradients through the core are exact (gradient penalties, Hessian-vector products);
+    #: without it, a backward with create_graph=True through the core raises :class:`DoubleBackwardError`
+    supports_double_backward: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -146,7 +152,7 @@ class AttentionCore(nn.Module):
             shared = self.needs_shared_qk and q is k
             k, v = zero_padded(k, mask), zero_padded(v, mask)
             q = k if shared else q
-        return self.attend(q, k, v, mask=mask, causal=causal)
+        return self.guard_double_backward(self.attend(q, k, v, mask=mask, causal=causal))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         """The mechanism itself, called with validated input."""
@@ -175,6 +181,13 @@ class AttentionCore(nn.Module):
             raise ValueError(
                 f"{self.name}.decode: position {total} exceeds max_seq_len={self.max_seq_len} it was built for"
             )
+        if state.batch is not None and q.shape[0] != state.batch:
+            # a state's cache rows are the sequences it was fed; other rows would read (or miss) their caches
+            raise ValueError(
+                f"{self.name}.decode: a step of {q.shape[0]} sequences, but the state holds {state.batch}; "
+                "when sequences are dropped, repeated or reordered (beam search), call state.reorder(index) first"
+            )
+        state.batch = q.shape[0]
         if q.shape[0] == 0 or t == 0:
             state.length = total
             return q.new_zeros(q.shape)
@@ -184,7 +197,7 @@ class AttentionCore(nn.Module):
             q = k if shared else q
         out = self.decode_attend(q, k, v, state, mask=mask)
         state.length = total
-        return out
+        return self.guard_double_backward(out)
 
     def decode_attend(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None) -> Tensor:
         """The mechanism's decoding step on validated input; ``state.length`` is still the old length.
@@ -202,6 +215,12 @@ class AttentionCore(nn.Module):
         )
         full_mask = None if bool(state.mask.all()) else state.mask
         return self.attend(state.q, state.k, state.v, mask=full_mask, causal=True)[:, :, -q.shape[-2] :]
+
+    def guard_double_backward(self, out: Tensor) -> Tensor:
+        """``out``, behind a node that refuses create_graph=True when the core does not declare
+        ``supports_double_backward``: its own backward would drop the second-order term silently, or fail
+        inside torch with a message that names no attention."""
+        return out if self.supports_double_backward else refuse_double_backward(out, self.name or type(self).__name__)
 
     def check_decodable(self) -> None:
         if not self.supports_causal:
@@ -272,9 +291,47 @@ class AttentionCore(nn.Module):
         return "Causal cores: " + ", ".join(_causal_cores()) + "."
 
 
+class DoubleBackwardError(RuntimeError):
+    """A backward with create_graph=True through a core without ``supports_double_backward``."""
+
+
+def refuse_double_backward(out: Tensor, name: str) -> Tensor:
+    """``out``, whose backward raises :class:`DoubleBackwardError` naming attention ``name`` when a graph of the
+    gradient is asked for (create_graph=True)."""
+    if not (torch.is_grad_enabled() and out.requires_grad):
+        return out
+    return _RefuseDoubleBackward.apply(out, name)
+
+
+class _RefuseDoubleBackward(torch.autograd.Function):
+    """Identity on a core's output. In backward, grad mode is on exactly when the caller asked for
+    create_graph=True, i.e. for a graph of the gradient (second order): that is refused here, before any
+    node of the core runs."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, name: str) -> Tensor:
+        ctx.name = name
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        if torch.is_grad_enabled():
+            raise DoubleBackwardError(
+                f"attention {ctx.name!r} does not support double backward (create_graph=True: a gradient penalty, "
+                f"a Hessian-vector product); cores that do: {', '.join(_double_backward_cores())}"
+            )
+        return grad, None
+
+
 def zero_padded(t: Tensor, mask: Tensor) -> Tensor:
     """``t`` (B, H, N, D) with padded positions (mask False) set to 0, so 0 * NaN never happens downstream."""
     return t.masked_fill(~rearrange(mask, "b n -> b 1 n 1"), 0.0)
+
+
+def _double_backward_cores() -> list[str]:
+    from attention_zoo.registry import get_attention_class, list_attentions
+
+    return [n for n in list_attentions() if get_attention_class(n).supports_double_backward]
 
 
 def _causal_cores() -> list[str]:

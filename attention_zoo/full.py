@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import AttentionCore, BuildContext, DecodingState, refuse_double_backward
 from attention_zoo.decoding_cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
@@ -54,6 +54,8 @@ def xformers_available() -> bool:
 class FullAttention(AttentionCore):
     exact: ClassVar[bool] = True
     has_decoding_cache: ClassVar[bool] = True
+    #: math: autograd; sdpa: :func:`attention_zoo.masks.sdpa`'s second-order path; xformers refuses it
+    supports_double_backward: ClassVar[bool] = True
     example_configs = ({"backend": "math"}, {"backend": "sdpa"})
 
     def __init__(
@@ -97,6 +99,7 @@ class FullAttention(AttentionCore):
             out = sdpa(q, k, v, allowed, dropout_p=self.dropout if self.training else 0.0, is_causal=causal)
         else:
             out = _xformers_attention(q, k, v, allowed, causal, self.dropout if self.training else 0.0, self.scale)
+            out = refuse_double_backward(out, "full (backend='xformers')")  # xformers' kernels lack it
         return out if has_key is None else out * has_key
 
     def start_decoding(self) -> KeyValueState:
@@ -112,7 +115,8 @@ class FullAttention(AttentionCore):
 
     def attention_probs(self, q: Tensor, k: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         """The context mapping matrix P = softmax(Q K^T / sqrt(d)), ``(B, H, Nq, Nk)``."""
-        scores = einsum(q, k, "b h i d, b h j d -> b h i j") * self.scale
+        # scaled before the product: q . k itself may overflow fp16 where q . k / sqrt(d) does not
+        scores = einsum(q * self.scale, k, "b h i d, b h j d -> b h i j")
         return masked_softmax(scores, allowed_mask(mask, causal, q.shape[-2], k.shape[-2], q.device))
 
 

@@ -1,22 +1,21 @@
-"""Weight initialisation of every model the library builds: unit-scale embeddings, Xavier Linears, and residual
+"""Weight initialisation of every model the library builds: √d-scaled embeddings, Xavier Linears, and residual
 output projections scaled down by depth.
 
 The convention combines Vaswani et al. 2017 (arXiv:1706.03762, section 3.4: embedding weights multiplied by √d)
 with the residual scaling of GPT-2 (Radford et al. 2019, section 2.3):
 
-    token and learned position embeddings ~ N(0, 1)   (Vaswani's N(0, 1/d) · √d, stored at unit scale, as
-                                                        nn.Embedding draws them; sinusoids have unit amplitude)
-    every Linear W ~ Xavier-uniform, b = 0              (q/k/v, feed-forward, task heads; Vaswani's tensor2tensor)
+    token and learned position embeddings E ~ N(0, 1/d), used as √d · E   (unit scale in the stream; sinusoids
+                                                                           have unit amplitude)
+    every Linear W ~ Xavier-uniform, b = 0              (q/k/v, feed-forward, task heads)
     W_out ← W_out / √R                                  the Linear that writes a residual branch back into the
                                                         stream, R = residual branches: 2 · depth in an encoder,
                                                         3 · depth in a decoder (self-attention, cross, feed-forward)
     LayerNorm γ = 1, β = 0
 
-A tied output projection (``Seq2SeqTransformer``) divides the logits by √d, which is Vaswani's output scale
-for an embedding stored at unit scale. Parameters of an attention core itself (Linformer's E/F, Nystrom's
-convolution, Performer's features) keep the core's own initialisation: :func:`init_transformer_` leaves every
-parameter an :class:`~attention_zoo.core.AttentionCore` holds, including state the cores of a model share
-(Linformer's layerwise projection).
+A tied output projection (``Seq2SeqTransformer``) uses E itself, so its logits have unit variance. Parameters of
+an attention core itself (Linformer's E/F, Nystrom's convolution, Performer's features) keep the core's own
+initialisation: :func:`init_transformer_` leaves every parameter an :class:`~attention_zoo.core.AttentionCore`
+holds, including state the cores of a model share (Linformer's layerwise projection).
 
 Why: the residual stream must differ from position to position at initialisation, or every attention pattern
 gives nearly the same output and every mechanism looks "on par". Unit-scale embeddings keep the token identity
@@ -32,8 +31,6 @@ import math
 from torch import nn
 
 from attention_zoo.core import AttentionCore
-
-EMBEDDING_STD = 1.0
 
 
 def init_linear_(linear: nn.Linear) -> None:
@@ -59,7 +56,7 @@ def init_transformer_(model: nn.Module, residual_branches: int) -> None:
         if isinstance(module, nn.Linear):
             init_linear_(module)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=EMBEDDING_STD)
+            nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)  # times √d in the forward
         elif isinstance(module, nn.LayerNorm) and module.elementwise_affine:
             nn.init.ones_(module.weight)
             if module.bias is not None:

@@ -57,9 +57,9 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange, reduce
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState, zero_padded
+from attention_zoo.decoding_cache import builds_graph
 
 LOW = -1e30  # log-scale of a padded key: exp(LOW - anything real) = 0, and LOW - LOW = 0 (never NaN)
 
@@ -78,6 +78,7 @@ class KernelAttention(AttentionCore):
     """Base of the kernelized cores: subclasses define :meth:`features` (see the module docstring)."""
 
     has_decoding_cache: ClassVar[bool] = True
+    supports_double_backward: ClassVar[bool] = True
     #: :meth:`features` returns log phi(K) for keys (exponentiated here, relative to a running maximum)
     log_key_features: bool = False
 
@@ -219,13 +220,18 @@ def causal_scan(
         keys = b * torch.exp(scale - end.unsqueeze(-1)).unsqueeze(-1)
         carried_factor, decay = torch.exp(before.unsqueeze(-1) - level), torch.exp(before - end)
     out = scores @ c
-    carried = a.new_empty(n // chunk, batch * heads, chunk, e)
+    # out= into one buffer saves a copy, but autograd refuses it: a double backward differentiates this scan
+    graph = builds_graph(a, b, c, state)
+    carried = [] if graph else a.new_empty(n // chunk, batch * heads, chunk, e)
     for g in range(n // chunk):
-        torch.bmm(a[:, g], state, out=carried[g])
+        if graph:
+            carried.append(torch.bmm(a[:, g], state))
+        else:
+            torch.bmm(a[:, g], state, out=carried[g])
         if decay is not None:
             state = state * decay[:, g, None, None]
         state = torch.baddbmm(state, keys[:, g].transpose(1, 2), c[:, g])
-    carried = rearrange(carried, "g x i e -> x g i e")
+    carried = rearrange(torch.stack(carried) if graph else carried, "g x i e -> x g i e")
     out = out + (carried if carried_factor is None else carried * carried_factor.unsqueeze(-1))
     if rows is not None:
         out = out * blocks(rows).unsqueeze(-1)
@@ -237,7 +243,8 @@ def causal_scan(
 class CausalProduct(torch.autograd.Function):
     """``causal_scan(fq, fk, values, scale, None, chunk)`` with Katharopoulos Sec. 3.3.1's backward (module
     docstring): one carried state per scan, no per-chunk states kept. ``scale`` gets no gradient (the
-    reference it sets cancels). Backward is not differentiable again."""
+    reference it sets cancels). The backward is itself made of causal scans, so with create_graph=True
+    autograd differentiates it again: second-order gradients are exact."""
 
     @staticmethod
     def forward(ctx, fq: Tensor, fk: Tensor, values: Tensor, scale: Tensor | None, chunk: int) -> Tensor:
@@ -246,7 +253,6 @@ class CausalProduct(torch.autograd.Function):
         return causal_scan(fq, fk, values, scale, None, chunk)[0]
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         fq, fk, values, scale = ctx.saved_tensors
         chunk, needs = ctx.chunk, ctx.needs_input_grad

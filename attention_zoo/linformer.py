@@ -56,10 +56,16 @@ from attention_zoo.registry import register_attention
 DEFAULT_K = 256  # the paper's projected length for n = 512..4096 (Fig. 3, Table 2)
 
 
+def default_k(max_seq_len: int) -> int:
+    """The k of ``k=None``: the paper's 256, capped by the length (k >= n cannot compress)."""
+    return min(DEFAULT_K, max_seq_len)
+
+
 @register_attention("linformer")
 class LinformerAttention(AttentionCore):
     supports_causal: ClassVar[bool] = False
     requires_max_seq_len: ClassVar[bool] = True
+    supports_double_backward: ClassVar[bool] = True
     example_configs = (
         {"k": 16},
         {"k": 16, "sharing": "none"},
@@ -94,7 +100,7 @@ class LinformerAttention(AttentionCore):
         than max_seq_len is an error. ``sharing``, ``projection``: see module doc."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         if k is None:
-            k = min(DEFAULT_K, max_seq_len)
+            k = default_k(max_seq_len)
         layers = self.context.num_layers
         if isinstance(k, list):
             if len(k) != layers:

@@ -46,7 +46,7 @@ from torch import Tensor
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState
 from attention_zoo.decoding_cache import appended, attend_to_cache, builds_graph
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
-from attention_zoo.masks import causal_allowed
+from attention_zoo.masks import causal_allowed, sdpa
 from attention_zoo.registry import register_attention
 
 
@@ -69,6 +69,7 @@ class BlockSummaryState(DecodingState):
 @register_attention("linformer_causal")
 class CausalLinformerAttention(AttentionCore):
     supports_cross_attention: ClassVar[bool] = False
+    supports_double_backward: ClassVar[bool] = True
     has_decoding_cache: ClassVar[bool] = True
     example_configs = (
         {"block_size": 8, "block_k": 2},
@@ -145,7 +146,7 @@ class CausalLinformerAttention(AttentionCore):
         has_key = allowed.any(dim=-1, keepdim=True)
         if not bool(has_key.all()):
             allowed = allowed | ~has_key  # let empty rows see every key, then zero them below
-        out = F.scaled_dot_product_attention(block_queries, keys, values, attn_mask=allowed) * has_key
+        out = sdpa(block_queries, keys, values, allowed) * has_key
         return rearrange(out, "(b g) h i d -> b h (g i) d", b=batch)[:, :, :n]
 
     def start_decoding(self) -> BlockSummaryState:

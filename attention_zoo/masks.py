@@ -10,6 +10,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from attention_zoo.core import DoubleBackwardError
+
 
 def causal_allowed(nq: int, nk: int, device: torch.device | str | None = None) -> Tensor:
     """``(Nq, Nk)`` bool, True where key ``j <= i + (Nk - Nq)``."""
@@ -76,6 +78,65 @@ def sdpa(
     if attn_mask is None and q.device.type == "cpu" and nk < SDPA_CPU_NAN_MIN_KEYS:
         attn_mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
         attn_mask, is_causal = (attn_mask.tril() if is_causal else attn_mask), False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _TwiceDifferentiableSDPA.apply(q, k, v, attn_mask, dropout_p, is_causal)
     return torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
     )
+
+
+class _TwiceDifferentiableSDPA(torch.autograd.Function):
+    """SDPA with torch's fused backward, and a second-order gradient, which torch's fused kernels lack
+    ("derivative for ..._backward is not implemented").
+
+    The forward runs the fused kernel on detached copies of the inputs with grad mode on and keeps that
+    small graph: a plain backward differentiates it (the fused backward, nothing recomputed) and then drops
+    it. A backward with create_graph=True (or a second backward of a retained graph) recomputes the
+    attention by its definition, softmax(q k^T / sqrt(d), masked) v, with autograd, whose gradient is
+    differentiable again. Dropout cannot be recomputed (its draw is inside the fused call), so that case is
+    refused.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, dropout_p: float, is_causal: bool):
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+        with torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        ctx.save_for_backward(q, k, v)
+        ctx.fused, ctx.attn_mask, ctx.dropout_p, ctx.is_causal = (out, leaves), attn_mask, dropout_p, is_causal
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        needed = ctx.needs_input_grad[:3]
+        # popped: kept on ctx, the fused graph's tensors would live as long as the caller holds the output
+        fused = ctx.__dict__.pop("fused", None)
+        if fused is not None and not torch.is_grad_enabled():
+            out, leaves = fused
+            wanted = [t for t, n in zip(leaves, needed, strict=True) if n]
+            grads = iter(torch.autograd.grad(out, wanted, grad))
+        else:
+            if ctx.dropout_p > 0:
+                raise DoubleBackwardError(
+                    f"attention dropout (dropout_p={ctx.dropout_p}) cannot be differentiated twice: its random draw "
+                    "is inside torch's fused kernel; use dropout 0, or backend='math' for full attention"
+                )
+            q, k, v = ctx.saved_tensors
+            wanted = [t for t, n in zip((q, k, v), needed, strict=True) if n]
+            with torch.enable_grad():
+                out = _sdpa_reference(q, k, v, ctx.attn_mask, ctx.is_causal)
+            grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=torch.is_grad_enabled()))
+        return (*(next(grads) if n else None for n in needed), None, None, None)
+
+
+def _sdpa_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+    """What ``F.scaled_dot_product_attention`` computes (default scale, boolean mask, ``is_causal`` aligned
+    top-left as torch aligns it), by autograd-differentiable operations."""
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    allowed = attn_mask
+    if is_causal:
+        top_left = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        allowed = top_left if allowed is None else allowed & top_left
+    return masked_softmax(scores, allowed) @ v

@@ -129,7 +129,8 @@ class SoftmaxProduct(torch.autograd.Function):
 
     Autograd on the same expression batches all heads at once, so every r x c temporary (scores,
     probabilities, their gradients) goes through main memory; here a block of heads at a time keeps them in
-    cache, and only the probabilities are kept for backward. Backward is not differentiable again.
+    cache, and only the probabilities are kept for backward. A backward with create_graph=True (second
+    order) recomputes the product with autograd instead, so that its gradient is differentiable again.
     """
 
     @staticmethod
@@ -142,12 +143,18 @@ class SoftmaxProduct(torch.autograd.Function):
             probs[block] = masked_softmax(x[block] @ y[block].transpose(-1, -2), block_allowed)
             torch.matmul(probs[block], u[block], out=out[block])
         ctx.save_for_backward(x, y, u, probs, out)
+        ctx.allowed = allowed
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, y, u, probs, out = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: the probabilities must carry their graph of x and y
+            needed = ctx.needs_input_grad[:3]
+            wanted = [t for t, n in zip((x, y, u), needed, strict=True) if n]
+            product = masked_softmax(x @ y.transpose(-1, -2), ctx.allowed) @ u
+            grads = iter(torch.autograd.grad(product, wanted, grad, create_graph=True))
+            return (*(next(grads) if n else None for n in needed), None)
         dx, dy, du = x.new_empty(x.shape), y.new_empty(y.shape), u.new_empty(u.shape)
         for block in head_blocks(x.shape[0], x.shape[1], probs.shape[-2] * probs.shape[-1]):
             p, g = probs[block], grad[block]
@@ -162,6 +169,7 @@ class SoftmaxProduct(torch.autograd.Function):
 @register_attention("nystrom")
 class NystromAttention(AttentionCore):
     supports_causal: ClassVar[bool] = False
+    supports_double_backward: ClassVar[bool] = True
     supports_cross_attention: ClassVar[bool] = False
     #: no causal Nystrom exists (see the module doc): decoders use exact full attention instead
     causal_counterpart: ClassVar[str | None] = "full"

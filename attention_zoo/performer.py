@@ -26,6 +26,15 @@ Choromanski et al. 2021, "Rethinking Attention with Performers", ICLR 2021, arXi
   features are needed to match softmax Transformers; the authors' code redraws at every call, the default
   1 here). Never in eval: evaluation and decoding use the features of the last training pass. The count of
   training passes is a buffer, so a checkpoint resumes with the same features.
+- Activation checkpointing (``torch.utils.checkpoint``, reentrant or not) runs the forward a second time,
+  inside the backward pass, to recompute what it did not keep. That recompute is not a training pass: a
+  forward that runs while autograd executes a backward (``torch._C._current_graph_task_id() != -1``) leaves
+  the count alone and so uses the features of the forward it recomputes, and the gradients are those of
+  that forward. Without this, every recompute counted as a pass and drew new features (with the default
+  redraw_interval=1 the gradient was that of another random map, and the count advanced twice per step).
+  This holds when each forward's backward runs before the next training forward of the same core, as in
+  any ordinary loop (gradient accumulation included); a schedule that runs several forwards of one core
+  before their backwards (pipeline parallelism) with redrawing would recompute with the latest features.
 - Seeding: W is drawn in float64 on a CPU generator seeded by (``seed``, the layer index, the draw
   number), then cast: independent of the batch, the device and the dtype, and different in every layer.
   It is cached per draw, device and dtype, not stored.
@@ -149,7 +158,8 @@ class PerformerAttention(KernelAttention):
         return self._cache[key]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
-        if self.training:
+        # a forward inside a backward pass is activation checkpointing's recompute: not a new pass (docstring)
+        if self.training and torch._C._current_graph_task_id() == -1:
             self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
         return super().attend(q, k, v, mask=mask, causal=causal)
 

@@ -153,17 +153,15 @@ class Seq2SeqTransformer(nn.Module):
         )
         if self.shared_vocabulary:
             self.decoder.token_embedding = self.encoder.token_embedding
-        self.output_scale = dim**-0.5
 
     def encode(self, source: Tensor, source_mask: Tensor | None = None) -> Tensor:
         """Encoder output (B, S, dim)."""
         return self.encoder(source, source_mask)
 
     def output_logits(self, hidden: Tensor) -> Tensor:
-        """Tied output projection: logits = h E^T / √d with E the target embedding (Vaswani et al., section 3.4).
-        E is stored at unit scale (:mod:`attention_zoo.init`), Vaswani's N(0, 1/d) times √d; dividing by √d gives
-        Vaswani's output scale, logits of unit variance at initialisation."""
-        return F.linear(hidden, self.decoder.token_embedding.weight) * self.output_scale
+        """Tied output projection: logits = h E^T with E the target embedding, stored at N(0, 1/d) and multiplied
+        by √d at the input only (Vaswani et al., section 3.4), so the logits have unit variance at initialisation."""
+        return F.linear(hidden, self.decoder.token_embedding.weight)
 
     def forward(
         self, source: Tensor, source_mask: Tensor | None, target_in: Tensor, target_mask: Tensor | None = None

@@ -156,7 +156,7 @@ class PatternAttention(AttentionCore):
             allowed = rearrange(dense_mask(self.mask_mod(n, causal), n, q.device), "i j -> 1 1 i j")
             if mask is not None:
                 allowed = allowed & rearrange(mask, "b j -> b 1 1 j")
-            scores = einsum(q, k, "b h i d, b h j d -> b h i j") * self.scale
+            scores = einsum(q * self.scale, k, "b h i d, b h j d -> b h i j")  # before: q . k may overflow fp16
             return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
         key = (n, causal, q.device)
         if key not in self._layouts:

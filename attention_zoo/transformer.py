@@ -48,13 +48,15 @@ class PositionalEmbedding(nn.Module):
             raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {kind!r}")
 
     def forward(self, n: int, start: int = 0) -> Tensor:
-        """The embeddings of positions ``start .. start + n - 1``: (n, dim)."""
+        """The embeddings of positions ``start .. start + n - 1``: (n, dim); a learned table times √dim (stored
+        at N(0, 1/dim), :mod:`attention_zoo.init`), sinusoids as they are (unit amplitude)."""
         if start + n > self.max_seq_len:
             raise ValueError(
                 f"sequence length {start + n} exceeds max_seq_len={self.max_seq_len} of the position embedding"
             )
-        table = self.table.weight if self.kind == "learned" else self.sinusoids
-        return table[start : start + n]
+        if self.kind == "learned":
+            return self.table.weight[start : start + n] * math.sqrt(self.table.embedding_dim)
+        return self.sinusoids[start : start + n]
 
 
 class FeedForward(nn.Sequential):
@@ -92,7 +94,8 @@ class _Backbone(nn.Module):
         return BuildContext(layer_index=layer_index, num_layers=depth, shared=self.shared_attention_state)
 
     def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``."""
+        """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``; the token
+        embedding is multiplied by √dim (Vaswani et al., section 3.4)."""
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, N) integer ids, got shape {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.long, torch.int):
@@ -106,7 +109,8 @@ class _Backbone(nn.Module):
                     f"token id {bad} is out of range for vocab_size={vocab_size}: ids must be in [0, {vocab_size - 1}]"
                 )
         positions = self.position_embedding(tokens.shape[1], start)
-        return self.embedding_dropout(self.token_embedding(tokens) + positions)
+        scale = math.sqrt(self.token_embedding.embedding_dim)
+        return self.embedding_dropout(self.token_embedding(tokens) * scale + positions)
 
 
 class EncoderLayer(nn.Module):
@@ -235,7 +239,9 @@ class DecoderState:
 
 class TransformerDecoder(_Backbone):
     """Causal self-attention (``attention``, must support causal) + cross-attention to an encoder's
-    output (``cross_attention``, default full) + feed-forward, per layer.
+    output (``cross_attention``, default full) + feed-forward, per layer. Cross-attention cores are built like
+    the self-attention ones (layer index, number of layers: a per-layer option, a different Performer draw per
+    layer), sharing state across layers in ``shared_cross_attention_state``.
 
     ``forward(tokens (B, N), memory (B, M, dim), mask (B, N) | None, memory_mask (B, M) | None)``
     returns hidden states (B, N, dim).
@@ -269,6 +275,9 @@ class TransformerDecoder(_Backbone):
                 f"cross_attention={cross_attention!r} weights a query by its position in the call, which step-by-step "
                 f"decoding (one query at a time, or beams stacked) does not reproduce; use one of {', '.join(usable)}"
             )
+        #: what the cross-attention cores share across layers: apart from the self-attention's, so that no key
+        #: of one (e.g. a layerwise projection of another length) can meet the other's
+        self.shared_cross_attention_state = nn.ModuleDict()
         self.layers = nn.ModuleList(
             DecoderLayer(
                 dim,
@@ -287,6 +296,7 @@ class TransformerDecoder(_Backbone):
                     attention_options=cross_attention_options,
                     dim_head=dim_head,
                     max_seq_len=memory_max_seq_len,
+                    context=BuildContext(layer_index=i, num_layers=depth, shared=self.shared_cross_attention_state),
                 ),
             )
             for i in range(depth)

@@ -37,7 +37,9 @@ Rerunning the same command resumes: runs that finished are kept, unfinished ones
 checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An experiment directory that
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
 directory (``<experiment>-2``, ...). Ctrl-C stops the running subprocess cleanly, writes the summary of what
-finished (the rest marked interrupted or not run) and exits with 130.
+finished (the rest marked interrupted or not run) and exits with 130. One command at a time per experiment: a
+second one stops with one error line (``experiments/experiment_lock.py``; ``--force_unlock`` takes over a lock
+that another host holds).
 
 ``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
 the cluster at ``--ray_address`` (``experiments/ray_launcher.py``); the default ``local`` never imports Ray.
@@ -72,6 +74,7 @@ from experiments.compare_runs import (
 )
 from experiments.compare_summary import format_interval, primary_metric, print_table, write_outputs
 from experiments.console import console
+from experiments.experiment_lock import ExperimentLocked, experiment_lock
 from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
 from experiments.tensorboard_layout import write_layout
 
@@ -79,7 +82,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
-    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", *LAUNCHER_SETTINGS
+    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", "force_unlock",
+    *LAUNCHER_SETTINGS,
 )  # fmt: skip
 
 
@@ -136,6 +140,10 @@ def build_parser() -> ArgumentParser:
         "--shared_dir", "--shared-dir", type=str | None, default=None,
         help="ray: a folder every node mounts at the same path; the experiment goes there (instead of runs_dir) and "
         "runs write into it directly (without it, a cluster run's files are sent back to this machine)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--force_unlock", "--force-unlock", type=bool, default=False,
+        help="take over the experiment's lock even when another host holds it (experiments/experiment_lock.py)",
     )  # fmt: skip
     return parser
 
@@ -260,6 +268,11 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
+        return _compare(argv, held)
+
+
+def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = build_parser()
     config = parser.parse_args(own)
@@ -306,6 +319,11 @@ def main(argv: list[str]) -> int:
         )
     except ValueError as error:
         parser.error(str(error))
+    try:  # before anything in the experiment is written: a second command there would overwrite the first's runs
+        held.enter_context(experiment_lock(directory, force_unlock=config.force_unlock, say=out.print))
+    except ExperimentLocked as error:
+        print(f"zoo compare: error: {error}", file=sys.stderr)
+        return 2
     (directory / "compare.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
 
     seeds = list(range(config.seed, config.seed + config.seeds))

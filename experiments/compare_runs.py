@@ -80,7 +80,7 @@ def fit_command(
     """The ``zoo fit`` command line of ``run`` (continuing from its ``last.ckpt`` when there is one), or with
     ``subcommand="test"`` the ``zoo test`` of its ``last.ckpt``, logging into the same run directory."""
     logger = {
-        "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+        "class_path": "tasks.logger.ZooTensorBoardLogger",
         "init_args": {
             "save_dir": str(experiment.parent),
             "name": experiment.name,

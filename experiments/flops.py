@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attention_zoo as az
+from attention_zoo.linformer import default_k
 from experiments.bench_cases import Case
 
 #: options, n, d, causal -> forward FLOPs of one head at one layer, or None where not covered
@@ -80,7 +81,8 @@ def _full(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
 
 @formula("linformer")
 def _linformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
-    k = min(options["k"], n)
+    # k=None is resolved by the core from max_seq_len, which the bench sets to n
+    k = min(default_k(n) if options["k"] is None else options["k"], n)
     per_tensor = {"linear": 2 * k * n * d, "random": 2 * k * n * d, "conv": 2 * n * d}
     projection = per_tensor.get(options["projection"], n * d)
     return None if causal else 2 * projection + 4 * n * k * d

@@ -2,7 +2,9 @@
 
 ``decoding`` says how step-by-step causal decoding runs: ``cache`` (the core keeps its own state),
 ``recompute`` (the fallback: the causal forward over the whole prefix at every step) or ``-`` (not causal;
-a decoder uses the core named in the causal column instead, where there is one)."""
+a decoder uses the core named in the causal column instead, where there is one). ``grad²``: second-order
+gradients (a backward with create_graph=True: gradient penalty, Hessian-vector product) are exact (``yes``)
+or refused with one error naming the core (``no``)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ CAPABILITIES = (
     "needs_shared_qk",
     "requires_max_seq_len",
     "exact",
+    "supports_double_backward",
 )
 
 
@@ -47,7 +50,8 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     table = Table(title="registered attention mechanisms", show_lines=True)
     headers = [
-        "name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "decoding", "options", "notes"
+        "name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "grad²", "decoding",
+        "options", "notes",
     ]  # fmt: skip
     for header in headers:
         table.add_column(header, overflow="fold")

@@ -93,7 +93,9 @@ class ZooTask(pl.LightningModule):
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
             return 0.5 * (1.0 + math.cos(math.pi * progress))
 
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+        # named under train/ so that TensorBoard lists it with the training curves, after the val/ cards
+        scheduler = {"scheduler": LambdaLR(optimizer, factor), "interval": "step", "name": "train/lr"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
 
     def configure_callbacks(self) -> list[pl.Callback]:
         # every run measures speed and memory and records its outcome, whatever its config says

@@ -20,12 +20,16 @@ code 2, and no run folder): a ``--ckpt_path`` file must be a readable Lightning 
 attention and options are the model's (``zoo test --ckpt_path full.ckpt --model.attention local`` is
 refused, not silently run with the checkpoint's weights under another mechanism); ``zoo fit`` refuses
 ``--trainer.max_steps 0`` and ``--trainer.max_epochs 0`` (a run that would stop before its first step);
-every logger's ``save_dir`` must be a directory this process can write in (or creatable in one).
+every logger's ``save_dir`` must be a directory this process can write in (or creatable in one). Once the
+model is built, and still before the Trainer writes anything: the checkpoint a run resumes from (``--ckpt_path
+last``: the run's newest ``last.ckpt``) must have the configured attention and options and fit the model's
+weights; otherwise one error line names the sizes that differ and the run's files stay as they were.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tempfile
@@ -33,7 +37,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from tasks import classification, data, token_prediction, translation  # noqa: F401  (short class names in configs)
@@ -92,6 +97,15 @@ class ZooCLI(LightningCLI):
         if subcommand is not None:
             check_checkpoint(self.config[subcommand].get("ckpt_path"), self.config[subcommand].model.init_args)
 
+    def before_fit(self) -> None:
+        check_resume(self.trainer, self.model, self.config.fit.get("ckpt_path"))
+
+    def before_validate(self) -> None:
+        check_resume(self.trainer, self.model, self.config.validate.get("ckpt_path"))
+
+    def before_test(self) -> None:
+        check_resume(self.trainer, self.model, self.config.test.get("ckpt_path"))
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "fit":
@@ -120,6 +134,60 @@ def check_checkpoint(ckpt_path: str | None, model: Any) -> None:
             f"--ckpt_path {str(ckpt_path)!r} was trained with attention {theirs!r} options {their_options}, but the "
             f"model is configured with attention {ours!r} options {our_options}; to use this checkpoint, pass {flags}"
         )
+
+
+def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None) -> None:
+    """The checkpoint a run starts from (``--ckpt_path last``: the run's newest ``last*.ckpt``, found as
+    Lightning finds it) must fit the built model, checked before the Trainer writes anything: Lightning would
+    first rewrite the run's config.yaml and TensorBoard files, then fail to load with a size-mismatch
+    traceback. Refused in one line naming the sizes that differ (the integer hyperparameters that differ,
+    e.g. ``dim``), or else weights whose shapes differ; ``last`` must also have the configured attention and
+    options, as a named file must (:func:`check_checkpoint`)."""
+    if ckpt_path is None:
+        return
+    if str(ckpt_path) == "last":
+        found = {
+            path
+            for callback in trainer.checkpoint_callbacks
+            if isinstance(callback, ModelCheckpoint)
+            for path in callback._find_last_checkpoints(trainer)  # Lightning's own search for "last"
+        }
+        if not found:
+            return  # Lightning starts afresh (and says so)
+        path = max(found, key=os.path.getmtime)
+        check_checkpoint(path, model.hparams)
+    elif _names_a_file(str(ckpt_path)):
+        path = str(ckpt_path)
+    else:
+        return
+    checkpoint = read_checkpoint(path, "--ckpt_path")
+    weights, expected = checkpoint["state_dict"], model.state_dict()
+    problems = [f"missing {k}" for k in expected if k not in weights] + [
+        f"unexpected {k}" for k in weights if k not in expected
+    ]
+    problems += [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    if not problems:
+        return
+    saved, ours = checkpoint.get("hyper_parameters", {}), dict(model.hparams)
+    sizes = [
+        f"{name} {ours.get(name)} (checkpoint: {saved.get(name)})"
+        for name in sorted(saved.keys() | ours.keys())
+        if saved.get(name) != ours.get(name) and any(_is_size(v) for v in (saved.get(name), ours.get(name)))
+    ]
+    differ = f"sizes that differ: {', '.join(sizes)}" if sizes else f"e.g. {'; '.join(problems[:3])}"
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} ({path}) does not fit the configured model ({len(problems)} weights of other "
+        f"shapes; {differ}); resume with the run's own sizes, or start a new run without --ckpt_path (nothing was "
+        "written)"
+    )
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _names_a_file(ckpt_path: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -57,3 +58,17 @@ def perturbed(core: az.AttentionCore, q: Tensor, k: Tensor, v: Tensor, where: Te
 
 def as_dtype(core: az.AttentionCore, dtype: torch.dtype) -> az.AttentionCore:
     return copy.deepcopy(core).to(dtype)
+
+
+def as_function(
+    core: az.AttentionCore, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool
+) -> tuple[Callable[..., Tensor], tuple[Tensor, ...]]:
+    """``core`` as a function of its independent inputs, made leaves that require grad: (q, k, v), or (q, v)
+    for a shared-QK core (whose k is q), for ``gradgradcheck`` and ``torch.utils.checkpoint``."""
+    inputs = tuple(t.detach().requires_grad_(True) for t in ((q, v) if core.needs_shared_qk else (q, k, v)))
+
+    def attention(*tensors: Tensor) -> Tensor:
+        q, k, v = (tensors[0], tensors[0], tensors[1]) if core.needs_shared_qk else tensors
+        return core(q, k, v, mask=mask, causal=causal)
+
+    return attention, inputs

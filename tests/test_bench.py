@@ -256,6 +256,19 @@ def test_zoo_bench_end_to_end_in_worker_processes(tmp_path, capsys):
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 2
 
 
+def test_every_mechanism_benches_at_its_defaults(tmp_path):
+    """``zoo bench --attentions <name>`` with no options: each mechanism's own defaults (Linformer's k = None,
+    resolved by the core) must measure and get its FLOPs, not crash the sweep."""
+    argv = ["bench", "--attentions", ",".join(az.list_attentions()), "--seq-lens", "16", "--mode", "fwd"]
+    argv += ["--heads", "2", "--dim-head", "8", "--repeats", "1", "--warmup", "0", "--isolation", "none"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+    rows = {row["attention"]: row for row in ResultStore(tmp_path).latest().values()}
+    assert set(rows) == set(az.list_attentions())
+    assert {name: row["status"] for name, row in rows.items() if row["status"] != "ok"} == {}
+    per_head = 2 * (2 * 16 * 16 * 8) + 4 * 16 * 16 * 8  # E K, F V and the two products, k = min(256, n) = 16
+    assert rows["linformer"]["flops"] == 2 * per_head
+
+
 # --- tables, FLOPs, targets ---------------------------------------------------------------------------
 
 

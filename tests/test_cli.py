@@ -19,6 +19,15 @@ def test_zoo_list_shows_every_mechanism_with_options(capsys):
     assert {row["name"] for row in listing.rows()} == set(az.list_attentions())
 
 
+def test_zoo_list_says_which_cores_support_double_backward(capsys):
+    rows = {row["name"]: row for row in listing.rows()}
+    for name in az.list_attentions():
+        claimed = az.get_attention_class(name).supports_double_backward
+        assert rows[name]["supports_double_backward"] == ("yes" if claimed else "no")
+    assert cli.main(["list"]) == 0
+    assert "grad²" in capsys.readouterr().out
+
+
 def test_unknown_command_is_an_error(capsys):
     assert cli.main(["lsit"]) == 2
     assert "unknown command 'lsit'" in capsys.readouterr().err

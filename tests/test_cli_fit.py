@@ -130,7 +130,9 @@ def test_tensorboard_gets_the_promised_tags_and_hparams(tmp_path, reviews_csv):
     scalars = set(events.Tags()["scalars"])
     expected = {"train/loss", "val/loss", "val/acc", "val/ppl", "train/tokens_per_s", "train/peak_mem_mb"}
     assert expected <= scalars, f"missing {expected - scalars}"
-    assert "lr-AdamW/weights" in scalars
+    # the landing page leads with the metrics: no epoch card, the learning rate under train/
+    assert "train/lr/weights" in scalars and "epoch" not in scalars
+    assert not any(tag.startswith("lr-") for tag in scalars)
     assert [e.step for e in events.Scalars("val/acc")] == [1, 3]  # after steps 2 and 4 (0-based)
     assert "config" in "".join(events.Tags()["tensors"])  # the resolved YAML, as TensorBoard text
     plugins = events.PluginTagToContent("hparams")
@@ -174,6 +176,28 @@ def test_pretrain_mlm_then_finetune_text_classification(tmp_path, reviews_csv, c
     assert cli.main(["fit", *finetune, "--model.dim", "32"]) == 2
     error = capsys.readouterr().err
     assert "token_embedding.weight: checkpoint (260, 16) vs model (260, 32)" in error
+
+
+def test_a_resume_that_does_not_fit_the_checkpoint_is_refused_and_leaves_the_run_as_it_was(
+    tmp_path, reviews_csv, capsys
+):
+    """``--ckpt_path last`` with other sizes failed with a size-mismatch traceback after replacing the run's
+    config.yaml (and adding TensorBoard files); now nothing of the run changes and the error is one line."""
+    runs = tmp_path / "runs"
+    args = tiny_args("listops", runs, reviews_csv)
+    assert cli.main(["fit", *args]) == 0
+    run_dir = runs / "listops" / "full" / "version_0"
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert cli.main(["fit", *args, "--model.dim", "32", "--ckpt_path", "last"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]  # not Lightning's INFO
+    assert len(errors) == 1 and errors[0].startswith("zoo fit: error: --ckpt_path last")
+    assert "dim 32 (checkpoint: 16)" in errors[0] and "last.ckpt" in errors[0]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["version_0"]
+    assert cli.main(["validate", *args, "--model.depth", "2", "--ckpt_path", "last"]) == 2
+    assert "depth 2 (checkpoint: 1)" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
 def test_validate_and_test_subcommands_read_a_checkpoint(tmp_path, reviews_csv, capsys):

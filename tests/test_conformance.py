@@ -7,12 +7,15 @@ noise; float32 is checked separately against float64.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from tests.conformance import MAX_SEQ_LEN, as_dtype, build, case_id, cases, perturbed, qkv
+from tests.conformance import MAX_SEQ_LEN, as_dtype, as_function, build, case_id, cases, perturbed, qkv
 
 CASES = cases()
 EXACT = dict(rtol=0.0, atol=1e-9)  # float64 "unchanged"
@@ -317,3 +320,64 @@ def test_base_arguments_are_type_checked(case, bad):
     arguments = {"dim_head": 8, "heads": 2, "max_seq_len": MAX_SEQ_LEN, **bad}
     with pytest.raises(ValueError, match=f"{next(iter(bad))} must be an int"):
         az.create_attention(name, **arguments, **options)
+
+
+def test_double_backward_is_exact_or_refused_with_one_clear_error(case):
+    """Second-order gradients (a gradient penalty, a Hessian-vector product) through attention: a core that
+    claims ``supports_double_backward`` passes ``gradgradcheck``; any other refuses create_graph=True with one
+    error naming itself, never a torch-internal error and never a silently wrong (first-order-only) result."""
+    name, options = case
+    causal = supports(name, "supports_causal")  # the causal path is the one with custom kernels, where it exists
+    core = build(name, options)
+    mask = pad_mask(torch.tensor([6, 4]), 6) if supports(name, "supports_mask") else None
+    attention, inputs = as_function(core, *qkv(core, 2, 6), mask=mask, causal=causal)
+    if supports(name, "supports_double_backward"):
+        assert torch.autograd.gradgradcheck(attention, inputs, fast_mode=True)
+        return
+    with pytest.raises(RuntimeError, match=f"attention {name!r} does not support double backward"):
+        torch.autograd.grad(attention(*inputs).square().sum(), inputs, create_graph=True)
+    assert all(g is not None for g in torch.autograd.grad(attention(*inputs).square().sum(), inputs))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_activation_checkpointing_gives_the_plain_gradients(case, causal, reentrant):
+    """torch.utils.checkpoint recomputes the forward in backward: every random choice a core makes (Performer's
+    feature redraws, LSH rotations, BigBird's random blocks, dropout) must come out the same the second time."""
+    name, options = case
+    if causal and not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    base = build(name, options).train()
+    mask = pad_mask(torch.tensor([20, 13]), 20) if supports(name, "supports_mask") else None
+    results = []
+    for checkpointed in (False, True):
+        core = copy.deepcopy(base)
+        attention, inputs = as_function(core, *qkv(core, 2, 20), mask=mask, causal=causal)
+        for _ in range(2):  # a second step: the state the first left behind must be the same too
+            out = checkpoint(attention, *inputs, use_reentrant=reentrant) if checkpointed else attention(*inputs)
+            (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()  # reentrant: no .grad()
+        results.append(([t.grad for t in (*inputs, *core.parameters())], core.state_dict()))
+    (plain, plain_state), (recomputed, recomputed_state) = results
+    for a, b in zip(plain, recomputed, strict=True):
+        torch.testing.assert_close(b, a, **EXACT)
+    assert plain_state.keys() == recomputed_state.keys()
+    for key, value in plain_state.items():
+        torch.testing.assert_close(recomputed_state[key], value, rtol=0.0, atol=0.0, msg=f"state {key}")
+
+
+def test_decoding_refuses_a_batch_that_changed_without_reorder(case):
+    """A decoding state holds rows of one batch: a step with fewer (or more) sequences than it holds, without
+    ``state.reorder(index)`` first, is refused in one line instead of reading other rows' cache."""
+    name, options = case
+    if not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    q, k, v = qkv(core, 3, 6)
+    state = core.start_decoding()
+    core.decode(q[:, :, :4], k[:, :, :4], v[:, :, :4], state)
+    for rows in (slice(0, 2), [0, 1, 2, 2]):
+        step = [t[rows, :, 4:5] for t in (q, k, v)]
+        with pytest.raises(ValueError, match=f"{name}.decode: .*{len(q[rows])} sequences.*holds 3.*reorder"):
+            core.decode(*step, state)
+    state.reorder(torch.tensor([0, 1]))
+    assert core.decode(*(t[:2, :, 4:5] for t in (q, k, v)), state).shape == (2, core.heads, 1, core.dim_head)

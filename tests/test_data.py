@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tasks.data import base
-from tasks.data.base import IGNORE_INDEX, default_cache_dir, derive_seed, load_or_build
+from tasks.data import text as text_module
+from tasks.data.base import IGNORE_INDEX, DataError, default_cache_dir, derive_seed, load_or_build
 from tasks.data.listops import OPERATORS, VOCAB, ListOpsDataModule, generate_listops, to_string
 from tasks.data.mlm import MaskedLMDataModule, split_stream
 from tasks.data.recall import AssociativeRecallDataModule
@@ -320,6 +321,37 @@ def test_recall_gaps_follow_the_power_law(tmp_path, power_a):
     assert abs(share_zero - float(p[0])) < 4 * float(p[0] * (1 - p[0])) ** 0.5 / samples**0.5
 
 
+def test_recall_random_placement_moves_the_block_and_keeps_every_lookup_after_it(tmp_path):
+    """kv_placement='random': the key-value block starts at an even offset o in [0, seq_len - 4 D], with filler before
+    it; every query comes after the block and asks for a key of it; a lookup solver that searches the whole sequence
+    for the key followed by its value still scores 100%."""
+    dm = recall(tmp_path, kv_placement="random", train_size=400)
+    kv, seq_len = dm.num_kv_pairs, dm.seq_len
+    offsets = set()
+    for tokens, labels in split_items(dm, "train"):
+        queries = [p for p, label in enumerate(labels) if label != IGNORE_INDEX]
+        assert len(queries) == kv
+        first = min(queries)
+        # the block is the 2 D tokens ending where the query region begins: find it from the queried keys
+        candidates = [o for o in range(0, seq_len - 4 * kv + 1, 2)
+                      if sorted(tokens[o : o + 2 * kv : 2]) == sorted(tokens[p] for p in queries)
+                      and o + 2 * kv <= first]  # fmt: skip
+        assert candidates, "no key-value block before the queries"
+        offset = candidates[-1]
+        offsets.add(offset)
+        keys, values = tokens[offset : offset + 2 * kv : 2], tokens[offset + 1 : offset + 2 * kv : 2]
+        assert all((p - offset - 2 * kv) % 2 == 0 for p in queries)
+        assert all(labels[p] == values[keys.index(tokens[p])] for p in queries)
+    assert len(offsets) > 10 and min(offsets) == 0 and max(offsets) <= seq_len - 4 * kv
+    start = recall(tmp_path / "start", train_size=400)
+    assert split_items(start, "val") != split_items(dm, "val")  # the cache keys on the placement
+
+
+def test_recall_rejects_an_unknown_placement(tmp_path):
+    with pytest.raises(ValueError, match="kv_placement must be 'start' or 'random', got 'middle'"):
+        recall(tmp_path, kv_placement="middle")
+
+
 def test_recall_is_deterministic_and_seeded(tmp_path):
     assert split_items(recall(tmp_path / "a"), "val") == split_items(recall(tmp_path / "b"), "val")
     assert split_items(recall(tmp_path / "a"), "val") != split_items(recall(tmp_path / "c", seed=1), "val")
@@ -399,6 +431,31 @@ def test_text_errors_name_the_bad_value(tmp_path):
         text(tmp_path, train_file=str(ACLIMDB / "train" / "pos" / "0_8.txt"))
     with pytest.raises(ValueError, match="truncation must be one of"):
         text(tmp_path, train_file=str(FIXTURES / "tiny.csv"), truncation="cut")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "rows", "line", "count"),
+    [
+        (".csv", "good film,pos\nbad, really bad,neg\n", 3, 3),  # unquoted comma: an extra field
+        (".csv", "good film,pos\nno label at all\n", 3, 1),
+        (".tsv", "good film\tpos\nbad\treally bad\tneg\n", 3, 3),
+    ],
+)
+def test_text_rows_with_the_wrong_number_of_fields_are_an_error_naming_file_and_line(
+    tmp_path, suffix, rows, line, count
+):
+    """``bad, really bad,0`` was read as text "bad", label " really bad", the rest silently dropped."""
+    path = tmp_path / f"reviews{suffix}"
+    path.write_text(("text,label\n" if suffix == ".csv" else "text\tlabel\n") + rows)
+    with pytest.raises(DataError, match=f"'{path}' line {line}: {count} fields, the header has 2 \\(text, label\\)"):
+        text(tmp_path / "cache", train_file=str(path))
+
+
+def test_text_classes_are_reported_before_training(tmp_path, monkeypatch):
+    messages = []
+    monkeypatch.setattr(text_module, "rank_zero_info", messages.append)
+    text(tmp_path, train_file=str(FIXTURES / "tiny.csv"))
+    assert any("3 classes" in m and "cooking, science, sports" in m and "tiny.csv" in m for m in messages), messages
 
 
 def test_truncation_is_explicit_and_reported(tmp_path):

@@ -34,13 +34,7 @@ PATTERNS = [
 IDS = [f"{name}-{'-'.join(map(str, options.values()))}" for name, options in PATTERNS]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Hundreds of steps on tensors of a few hundred numbers: intra-op threads only add overhead."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make(name: str, options: dict) -> az.AttentionCore:

@@ -55,6 +55,37 @@ def test_fully_masked_rows_are_zero(backend):
     assert (out[:, :, 2:].abs().sum(-1) > 0).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_half_precision_scores_that_overflow_before_the_scale_stay_finite(backend):
+    """q . k = 64 * 40^2 = 102400 exceeds fp16's 65504, but q . k / sqrt(d) = 12800 does not: the scale comes
+    first, as in the exact softmax, so the output is finite (it was NaN with the math backend)."""
+    q = k = torch.full((1, 1, 4, 64), 40.0, dtype=torch.float16)
+    v = torch.randn(1, 1, 4, 64).half()
+    out = az.create_attention("full", dim_head=64, heads=1, backend=backend)(q, k, v, causal=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), loop_reference(q, k, v, None, True), rtol=1e-3, atol=1e-3)
+
+
+def test_sdpa_backward_is_the_fused_one_and_a_retained_graph_can_be_differentiated_again():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 9, 8, requires_grad=True) for _ in range(3))
+    core = az.create_attention("full", dim_head=8, heads=2, backend="sdpa")
+    out = core(q, k, v, causal=True)
+    first = torch.autograd.grad(out.square().sum(), (q, k, v), retain_graph=True)
+    again = torch.autograd.grad(out.square().sum(), (q, k, v))  # the fused graph is gone: recomputed by autograd
+    plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for a, b, c in zip(first, again, torch.autograd.grad(plain.square().sum(), (q, k, v)), strict=True):
+        assert torch.equal(a, c)
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
+
+
+def test_sdpa_dropout_refuses_double_backward_in_one_error():
+    q, k, v = (torch.randn(1, 2, 9, 8, requires_grad=True) for _ in range(3))
+    core = az.create_attention("full", dim_head=8, heads=2, backend="sdpa", dropout=0.1).train()
+    with pytest.raises(az.DoubleBackwardError, match="attention dropout \\(dropout_p=0.1\\).*backend='math'"):
+        torch.autograd.grad(core(q, k, v).square().sum(), q, create_graph=True)
+
+
 def test_math_backend_exposes_probabilities():
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 7, 4, dtype=torch.float64), torch.randn(2, 3, 7, 4, dtype=torch.float64)

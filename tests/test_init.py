@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import attention_zoo as az
-from attention_zoo.init import EMBEDDING_STD, init_transformer_
+from attention_zoo.init import init_transformer_
 
 
 def text_byte_ids(n: int, batch: int) -> torch.Tensor:
@@ -65,8 +65,11 @@ def test_the_convention_is_applied_to_every_block_and_leaves_the_cores_alone():
             assert linear.weight.std().item() == pytest.approx(xavier_std(linear) / math.sqrt(2 * depth), rel=0.1)
             assert not linear.bias.any()
         assert torch.equal(layer.attn_norm.weight, torch.ones(64)) and not layer.attn_norm.bias.any()
-    assert model.token_embedding.weight.std().item() == pytest.approx(EMBEDDING_STD, rel=0.1)
-    assert model.position_embedding.table.weight.std().item() == pytest.approx(EMBEDDING_STD, rel=0.1)
+    # stored at N(0, 1/d), used as sqrt(d) E: unit scale in the stream
+    assert model.token_embedding.weight.std().item() == pytest.approx(64**-0.5, rel=0.1)
+    assert model.position_embedding.table.weight.std().item() == pytest.approx(64**-0.5, rel=0.1)
+    with torch.no_grad():
+        assert model.embed(torch.randint(0, 100, (4, 256))).std().item() == pytest.approx(math.sqrt(2), rel=0.1)
     # Linformer's shared E keeps the core's own init: re-running the convention would redraw it if it reached E
     (projection,) = list(model.shared_attention_state.parameters())
     before = projection.detach().clone()
@@ -93,7 +96,7 @@ def test_task_heads_follow_the_convention():
 
 
 def test_tied_output_logits_have_unit_scale_at_initialisation():
-    """Vaswani's output scale: the tied embedding is stored at unit scale, so the logits are divided by sqrt(d)."""
+    """Vaswani's output scale: the tied embedding is stored at N(0, 1/d), so h E^T has unit variance."""
     torch.manual_seed(0)
     model = az.Seq2SeqTransformer(500, 32, 32, dim=128, depth=2, heads=4)
     source, target = torch.randint(0, 500, (4, 20)), torch.randint(0, 500, (4, 12))

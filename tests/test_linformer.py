@@ -68,6 +68,41 @@ def test_parameter_counts_follow_section_4(sharing, matrices):
     assert projection_parameters(sharing, "conv") == matrices * 4
 
 
+def cross_projection_parameters(options: dict, depth: int = 12) -> int:
+    """Parameters a 12-head decoder gains from Linformer cross-attention: with it minus with full."""
+
+    def count(cross: str, cross_options: dict) -> int:
+        model = az.TransformerDecoder(
+            11, 24, depth, 12, 16, dim_head=2, cross_attention=cross, cross_attention_options=cross_options,
+            memory_max_seq_len=16,
+        )  # fmt: skip
+        return sum(p.numel() for p in model.parameters())
+
+    return count("linformer", options) - count("full", {})
+
+
+@pytest.mark.parametrize(("sharing", "matrices"), [("none", 288), ("headwise", 24), ("kv", 12), ("layerwise", 1)])
+def test_decoder_cross_attention_shares_across_layers_as_the_encoder_does(sharing, matrices):
+    """The decoder builds its cross-attention cores with its own shared state and layer indices: layerwise is
+    one E for every layer (it was one per layer), a per-layer k is one entry per layer (it was refused)."""
+    assert cross_projection_parameters({"k": 4, "sharing": sharing}) == matrices * 4 * 16
+    assert cross_projection_parameters({"k": [8, 4], "sharing": "headwise"}, depth=2) == 2 * (8 + 4) * 16
+    decoder = az.TransformerDecoder(
+        11, 16, 2, 2, 16, attention="linformer_causal",
+        attention_options={"block_size": 8, "block_k": 2, "sharing": "layerwise"},
+        cross_attention="linformer", cross_attention_options={"k": 4, "sharing": "layerwise"}, memory_max_seq_len=16,
+    )  # fmt: skip
+    cross = [layer.cross_attn.core.key_projection for layer in decoder.layers]
+    own = [layer.self_attn.core.key_projection for layer in decoder.layers]
+    assert cross[0] is cross[1] and own[0] is own[1] and cross[0] is not own[0]  # two states, no collision
+
+
+def test_decoder_cross_attention_performer_draws_other_features_in_every_layer():
+    decoder = az.TransformerDecoder(11, 16, 2, 2, 16, cross_attention="performer", memory_max_seq_len=16)
+    first, second = (layer.cross_attn.core.projection(torch.device("cpu"), torch.float32) for layer in decoder.layers)
+    assert not torch.equal(first, second)
+
+
 def test_parameter_free_projections_add_no_parameters():
     assert projection_parameters("none", "mean_pool") == projection_parameters("none", "max_pool") == 0
     assert projection_parameters("none", "random") == 0  # R is a buffer: fixed, never trained

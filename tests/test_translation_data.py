@@ -19,6 +19,7 @@ import torch
 from tasks.data.base import IGNORE_INDEX
 from tasks.data.gettext_corpus import read_gettext_pairs, strip_mnemonic
 from tasks.data.parallel_corpus import carve, source_hash
+from tasks.data.parallel_text import data_files, read_pairs
 from tasks.data.synthetic_translation import Lexicon, synthetic_pairs
 from tasks.data.tokenize import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
 from tasks.data.translation import TranslationDataModule
@@ -324,6 +325,18 @@ def test_file_errors_name_the_file_and_its_line(tmp_path, name, content, message
     with pytest.raises(ValueError) as error:
         dm.corpus()
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny.tsv", "tiny.jsonl"])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path, name):
+    """Editors on Windows start UTF-8 files with U+FEFF; the text classification reader drops it, and so must
+    this one (it was kept in the first source sentence, or broke the first JSON line)."""
+    fields = {"source_field": "translation.en", "target_field": "translation.de"} if name.endswith("jsonl") else {}
+    options = dict(source_lang="en", target_lang="de", source_field="source", target_field="target") | fields
+    for path in data_files(str(FIXTURES / name), "en", "de"):
+        (tmp_path / path.name).write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    expected = read_pairs(str(FIXTURES / name), **options)
+    assert read_pairs(str(tmp_path / name), **options) == expected and not expected[0][0].startswith("\ufeff")
 
 
 def test_aligned_files_must_exist_and_have_equal_line_counts(tmp_path):

@@ -72,7 +72,9 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
     assert fitted["corpus"]["source"] == "synthetic" and fitted["corpus"]["pairs"]["test"] > 0
     assert 0 <= fitted["copy_baseline"]["test"]["bleu"] <= 100
     metrics = fitted["metrics"]
-    assert 0 <= metrics["val/bleu"] <= 100 and 1 < metrics["val/ppl"] < 1000 + 1  # vocabulary 1000: untrained
+    # vocabulary 1000, 4 steps: no worse than at initialisation, where the tied output's logits have unit variance
+    # (attention_zoo.init), so softmax over 1000 random N(0, 1) logits has perplexity about 1000 * e^(1/2)
+    assert 0 <= metrics["val/bleu"] <= 100 and 1 < metrics["val/ppl"] < 1000 * math.exp(0.5)
     assert fitted["tokens_per_s"] > 0
     assert f"decoder self-attention: {DECODER[attention]} (" in caplog.text
 

@@ -11,10 +11,10 @@ File formats, chosen by the path:
 - ``*.jsonl``: one JSON object per line; ``source_field`` and ``target_field`` name the fields, a dotted
   name reaching into nested objects (``translation.en`` reads Hugging Face's layout).
 
-Errors name the file and its real (1-based) line number. The Hugging Face reader takes the splits
-``train``, ``validation`` and ``test``; rows with a ``translation`` column are read as
-``translation[source_lang]`` / ``translation[target_lang]`` (the layout of ``wmt14``, ``de-en``), other
-datasets by ``source_field`` / ``target_field``.
+A UTF-8 byte order mark at the start of a file is dropped. Errors name the file and its real (1-based) line
+number. The Hugging Face reader takes the splits ``train``, ``validation`` and ``test``; rows with a
+``translation`` column are read as ``translation[source_lang]`` / ``translation[target_lang]`` (the layout of
+``wmt14``, ``de-en``), other datasets by ``source_field`` / ``target_field``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ def data_files(path: str, source_lang: str, target_lang: str) -> list[Path]:
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8", newline="\n") as file:
+    # utf-8-sig: a byte order mark opening the file is dropped, as the text classification reader drops it
+    with path.open(encoding="utf-8-sig", newline="\n") as file:
         return [line.removesuffix("\n").removesuffix("\r") for line in file]
 
 

@@ -11,11 +11,18 @@ bigrams are in text). All other query-region positions hold random tokens. The l
 position is the value paired with that key; every other position is ``-100``. Solving it needs lookups
 over distances up to ``seq_len``: the task on which attention approximations really differ.
 
-Deviation: Zoology draws the random filler tokens from ``[0, vocab_size)``; here from ``[1, vocab_size)``
-so that id 0 is only ever padding (sequences all have length ``seq_len``, so there is none).
+Deviations: Zoology draws the random filler tokens from ``[0, vocab_size)``; here from ``[1, vocab_size)``
+so that id 0 is only ever padding (sequences all have length ``seq_len``, so there is none). With
+``kv_placement="random"`` (not in Zoology) the key-value block starts at a random even offset ``o`` in
+``[0, seq_len - 4 D]``, preceded by filler, and the gaps are drawn from ``{0, ..., (seq_len - o - 2 D) / 2 - 1}``
+by the same power law. Zoology's block always starts at position 0, which a mechanism that mixes positions
+(Linformer's E) can learn to route by position alone; a random offset makes every mechanism find the pairs
+by content.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from einops import rearrange
@@ -27,8 +34,18 @@ PAD_ID = 0
 CHUNK = 4096  # examples generated at once: bounds the (chunk, vocab_size / 2) random draws
 
 
+KVPlacement = Literal["start", "random"]
+
+
 def generate_mqar(
-    num_examples: int, *, seq_len: int, num_kv_pairs: int, vocab_size: int, power_a: float, seed: int
+    num_examples: int,
+    *,
+    seq_len: int,
+    num_kv_pairs: int,
+    vocab_size: int,
+    power_a: float,
+    seed: int,
+    kv_placement: KVPlacement = "start",
 ) -> tuple[Tensor, Tensor]:
     """``(inputs, labels)``, both ``(num_examples, seq_len)`` int64; labels are -100 except at queries."""
     generator = torch.Generator().manual_seed(seed)
@@ -36,6 +53,7 @@ def generate_mqar(
     key_vocab = vocab_size // 2
     space = (seq_len - context) // 2
     gap_weights = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+    slots = torch.arange(space)
     inputs, labels = [], []
     for start in range(0, num_examples, CHUNK):
         batch = min(CHUNK, num_examples - start)
@@ -44,10 +62,16 @@ def generate_mqar(
         values = (
             key_vocab + torch.rand(batch, vocab_size - key_vocab, generator=generator).topk(num_kv_pairs, dim=1).indices
         )
-        gaps = torch.multinomial(gap_weights.expand(batch, space), num_kv_pairs, replacement=False, generator=generator)
+        if kv_placement == "random":  # even offsets 0 .. seq_len - 4 D: room for one query slot per key after
+            offsets = 2 * torch.randint(0, (seq_len - 4 * num_kv_pairs) // 2 + 1, (batch, 1), generator=generator)
+        else:
+            offsets = torch.zeros(batch, 1, dtype=torch.long)
+        weights = gap_weights * (slots < space - offsets // 2)  # the gaps that fit after this example's block
+        gaps = torch.multinomial(weights, num_kv_pairs, replacement=False, generator=generator)
         tokens = torch.randint(1, vocab_size, (batch, seq_len), generator=generator)
-        tokens[:, :context] = rearrange([keys, values], "two b d -> b (d two)")
-        query_positions = context + 2 * gaps
+        block = offsets + torch.arange(context)
+        tokens.scatter_(1, block, rearrange([keys, values], "two b d -> b (d two)"))
+        query_positions = offsets + context + 2 * gaps
         tokens.scatter_(1, query_positions, keys)
         targets = torch.full((batch, seq_len), IGNORE_INDEX, dtype=torch.long)
         targets.scatter_(1, query_positions, values)
@@ -69,6 +93,8 @@ class AssociativeRecallDataModule(ZooDataModule):
             ``[vocab_size // 2, vocab_size)``. Zoology notes large vocabularies (>1k) separate
             architectures better.
         power_a: power-law exponent of the query gap distribution (Zoology: 0.01; 1.0 is uniform).
+        kv_placement: ``start`` (Zoology: the key-value block opens the sequence) or ``random`` (it starts at a
+            random even offset; module docstring).
         train_size: training sequences (Zoology: 100000).
         val_size: validation sequences.
         test_size: test sequences (Zoology: 3000).
@@ -90,6 +116,7 @@ class AssociativeRecallDataModule(ZooDataModule):
         num_kv_pairs: int = 16,
         vocab_size: int = 8192,
         power_a: float = 0.01,
+        kv_placement: KVPlacement = "start",
         train_size: int = 100_000,
         val_size: int = 3_000,
         test_size: int = 3_000,
@@ -125,7 +152,10 @@ class AssociativeRecallDataModule(ZooDataModule):
         for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
             if size < 1:
                 raise ValueError(f"{name} must be >= 1, got {size}")
+        if kv_placement not in ("start", "random"):
+            raise ValueError(f"kv_placement must be 'start' or 'random', got {kv_placement!r}")
         self.seq_len, self.num_kv_pairs, self.power_a = seq_len, num_kv_pairs, power_a
+        self.kv_placement = kv_placement
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.vocab_size = vocab_size
         self.max_seq_len = seq_len
@@ -138,6 +168,7 @@ class AssociativeRecallDataModule(ZooDataModule):
             "num_kv_pairs": self.num_kv_pairs,
             "vocab_size": self.vocab_size,
             "power_a": self.power_a,
+            "kv_placement": self.kv_placement,
             "sizes": self.sizes,
             "seed": self.seed,
         }
@@ -150,6 +181,7 @@ class AssociativeRecallDataModule(ZooDataModule):
             vocab_size=self.vocab_size,
             power_a=self.power_a,
             seed=derive_seed(self.seed, "mqar", split),
+            kv_placement=self.kv_placement,
         )
         offsets = torch.arange(0, inputs.numel() + 1, self.seq_len, dtype=torch.int64)
         flat_inputs, flat_labels = (rearrange(t, "b n -> (b n)").to(torch.int32) for t in (inputs, labels))

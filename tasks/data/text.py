@@ -15,12 +15,14 @@ Labels are mapped to ids in the order of ``labels`` if given, else sorted (numer
 integers) as found in the training split; ``label_names`` exposes the mapping. Labels of files and
 datasets are read as text with surrounding spaces dropped, numbers in one spelling (``" 1"``, ``"1.0"``,
 ``1`` and ``"1"`` are all label ``"1"``; merged spellings are reported in a warning); folder names are
-taken as they are.
+taken as they are. The number of classes and the labels in id order are printed when the module is built,
+before training.
 
 Files are decoded with ``encoding`` (default UTF-8, a leading byte-order mark dropped). Every problem in
 a file is a :class:`~tasks.data.base.DataError` naming the file and its line (a folder source: the file):
 bytes that are not valid in ``encoding`` or a NUL character (binary data), a line that is not valid
-JSON or not a JSON object, a missing column, an empty label, a text that is not a string. A text that is
+JSON or not a JSON object, a CSV/TSV row with more or fewer fields than the header (an unquoted comma in a
+text), a missing column, an empty label, a text that is not a string. A text that is
 missing, JSON ``null`` or empty is an error too, unless ``empty_text="skip"`` drops such rows (their
 count and places are reported in a warning).
 
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from tasks.data.base import SPLITS, DataError, Sequences, Split, ZooDataModule, cache_file, derive_seed
 from tasks.data.tokenize import (
@@ -55,6 +58,7 @@ from tasks.data.tokenize import (
 Truncation = Literal["error", "keep_head", "keep_tail"]
 EmptyText = Literal["error", "skip"]
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
+LABELS_SHOWN = 20  # label names printed before training; a larger set is summarised by its count
 UNLABELLED_FOLDERS = {"unsup"}
 Record = tuple[str, str]  # (text, label name)
 
@@ -159,9 +163,20 @@ def _table_rows(path: Path, text: str) -> Iterator[tuple[int, Any]]:
                     f"{str(path)!r} line {number}: not valid JSON ({error.msg}, column {error.colno})"
                 ) from None
         return
-    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ",")
+    delimiter = "\t" if path.suffix == ".tsv" else ","
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         for row in reader:
+            # DictReader files surplus fields under None and fills missing ones with None: a text holding an
+            # unquoted delimiter would otherwise be cut short and its remainder read as the label
+            if None in row or None in row.values():
+                header = reader.fieldnames or []
+                fields = len(header) + len(row[None]) if None in row else sum(v is not None for v in row.values())
+                raise DataError(
+                    f"{str(path)!r} line {reader.line_num}: {fields} fields, the header has {len(header)} "
+                    f"({', '.join(header)}); quote a field that holds the delimiter {delimiter!r} "
+                    '(e.g. "bad, really bad")'
+                )
             yield reader.line_num, row
     except csv.Error as error:
         raise DataError(f"{str(path)!r} line {reader.line_num}: {error}") from None
@@ -350,6 +365,13 @@ class TextClassificationDataModule(ZooDataModule):
         self.vocab_size = tokenizer_capacity(tokenizer, tokenizer_vocab_size, tokenizer_file)
         self.max_seq_len = max_seq_len
         self.num_classes = len(self.label_names)
+        # before training: a label set that a malformed file or a wrong column produced shows here at once
+        source = self.data_dir or self.files.get("train") or self.hf_dataset
+        shown = ", ".join(self.label_names[:LABELS_SHOWN])
+        more = f" and {self.num_classes - LABELS_SHOWN} more" if self.num_classes > LABELS_SHOWN else ""
+        rank_zero_info(
+            f"text classification from {str(source)!r}: {self.num_classes} classes (ids in order: {shown}{more})"
+        )
         self.pad_id = PAD_ID
         self.cls_id = CLS_ID
 

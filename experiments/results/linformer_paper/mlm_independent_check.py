@@ -3,8 +3,9 @@
 Trains, on the same batches of the study's data module (n = 512, batch 2, byte-level MLM on the standard
 library), two models of the same size (dim 128, depth 4, 4 heads, ff 512, no dropout, pre-LayerNorm):
 
-- ``library``: ``attention_zoo.TransformerEncoder`` with full attention + a linear head (the study's model), in
-  the library's initialisation (``--library_init library``, the GPT-2 convention), or its earlier one (``legacy``);
+- ``library``: ``attention_zoo.TransformerEncoder`` with full attention + a linear head (the study's model), in the
+  library's initialisation (``attention_zoo.init``; the earlier inits and the candidates of the committed output ran
+  with this script as of commit 29802f3, whose ``--library_init`` built them);
 - ``reference``: ``torch.nn.TransformerEncoder`` (PyTorch's own attention and layers, norm_first) with learned
   token and position embeddings + a linear head: nothing of the library but the data.
 
@@ -48,26 +49,9 @@ class Reference(nn.Module):
 
 
 class Library(nn.Module):
-    def __init__(self, vocab: int, dim: int, depth: int, heads: int, n: int, init: str = "library") -> None:
+    def __init__(self, vocab: int, dim: int, depth: int, heads: int, n: int) -> None:
         super().__init__()
         self.encoder = TransformerEncoder(vocab, dim, depth, heads, n, attention="full", ff_mult=4, dropout=0.0)
-        if init == "legacy":  # the library's init before the GPT-2 convention: N(0, 0.02) embeddings, torch Linears
-            for module in self.encoder.modules():
-                if isinstance(module, nn.Linear):
-                    module.reset_parameters()
-        if init in ("embeddings_n01", "vaswani", "vaswani_scaled"):  # nn.Embedding's N(0, 1), as the reference
-            nn.init.normal_(self.encoder.token_embedding.weight)
-            nn.init.normal_(self.encoder.position_embedding.table.weight)
-        if init in ("vaswani", "vaswani_scaled"):  # Xavier-uniform Linears with zero biases
-            for module in self.encoder.modules():
-                if isinstance(module, nn.Linear):
-                    nn.init.xavier_uniform_(module.weight)
-                    nn.init.zeros_(module.bias)
-        if init == "vaswani_scaled":  # ... and the residual output projections down-scaled by 1 / sqrt(2 depth)
-            with torch.no_grad():
-                for layer in self.encoder.layers:
-                    for linear in (layer.attn.to_out, layer.ff[3]):
-                        linear.weight /= math.sqrt(2 * depth)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(tokens, mask)
@@ -88,12 +72,6 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--val_batches", type=int, default=16)
     parser.add_argument("--activation", default="relu", choices=["relu", "gelu"], help="reference FF (library: gelu)")
-    parser.add_argument(
-        "--library_init",
-        default="library",
-        choices=["library", "legacy", "embeddings_n01", "vaswani", "vaswani_scaled"],
-        help="library: its GPT-2 convention; legacy: PyTorch's default Linear init beside N(0, 0.02) embeddings",
-    )
     parser.add_argument("--seed", type=int, default=0, help="seed of both models' initialisation (data: seed 0)")
     parser.add_argument("--models", default="both", choices=["both", "library"], help="library: skip the reference")
     args = parser.parse_args()
@@ -113,10 +91,10 @@ def main() -> None:
     models = {}
     for name, cls in (("library", Library), ("reference", Reference))[: 1 if args.models == "library" else 2]:
         torch.manual_seed(args.seed)
-        extra = {"activation": args.activation} if cls is Reference else {"init": args.library_init}
+        extra = {"activation": args.activation} if cls is Reference else {}
         body = cls(data.vocab_size, 128, 4, 4, args.n, **extra)
         head = nn.Linear(128, data.num_classes)
-        if cls is Library and args.library_init != "legacy":
+        if cls is Library:
             init_linear_(head)
         params = list(body.parameters()) + list(head.parameters())
         optimiser = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)

@@ -1,0 +1,491 @@
+"""Every zoo mechanism inside a Hugging Face transformers model: ``use_attention(model, name, **options)``.
+
+transformers (5.x) dispatches attention through ``AttentionInterface``: every attention layer calls
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query, key, value, attention_mask, *, scaling,
+dropout, **kwargs)`` on (B, H, N, D) tensors, after its own projections, rotary embedding and KV cache, and
+expects a (B, N, H, D) output. Importing this module registers one implementation, ``"attention_zoo"``, and a
+mask function for it; :func:`use_attention` attaches one zoo core to each self-attention layer (as the layer's
+submodule ``zoo_core``, so its parameters train and are in ``state_dict()``) and switches the model to that
+implementation. The registered function runs the core attached to the layer that calls it.
+
+What the core gets:
+
+- Keys and values: transformers' own, after its KV cache. Grouped-query attention (fewer K/V heads) is
+  expanded to the query heads as transformers' sdpa path does (``repeat_kv``: each K/V head serves
+  ``num_key_value_groups`` consecutive query heads).
+- Scale: the layer's ``scaling`` (GPT-2's per-layer 1/(i + 1) option, ...) is folded into the queries, so the
+  core's own 1/sqrt(d) times the folded factor is the layer's scale.
+- Mask and causality: the registered mask function is transformers' ``sdpa_mask`` (a (B, 1, Nq, Nk) boolean
+  mask, or None where sdpa relies on ``is_causal``), restricted to the plain causal and bidirectional
+  patterns: a sliding-window, chunked, packed-sequence or overlaid pattern is refused when the mask is built.
+  (Without a registered mask function, transformers passes no mask at all to a custom implementation: padding
+  and causality would be dropped silently.) The attention function splits the 4-D mask into the zoo's (B, Nk)
+  key mask and a causal flag, refusing any mask that is not padding, or padding plus causal; with no mask it
+  takes causality from the call's ``is_causal`` or else the layer's ``is_causal``.
+- Which core: in a causal layer, the zoo's decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`):
+  a non-causal mechanism is replaced by its declared ``causal_counterpart`` (``linformer`` -> ``linformer_causal``,
+  ``nystrom`` -> ``full``) or refused with the list of causal cores. A core that needs one shared projection for
+  queries and keys (``lsh``) is refused: these models project Q and K separately.
+- Generation: transformers' cache hands the core the keys and values of the whole prefix and only the new
+  queries. A core that supports cross-attention with position-free queries (``full``, ``linear``, ``performer``)
+  attends them directly, causal aligned to the end. Any other causal core computes a query only together with
+  its prefix, so the new queries go at the end of a zero-filled query block, the causal forward runs over the
+  whole prefix and the last outputs are kept: the same outputs, at the cost of recomputing the prefix each step.
+
+Reloading: :func:`from_pretrained` builds the model with transformers' ``from_pretrained`` (which drops the zoo
+tensors it does not know), applies :func:`use_attention` with the spec that :func:`use_attention` stored in the
+saved config (or the one given), then loads every zoo tensor from the checkpoint's safetensors files, refusing a
+missing, unexpected or mis-shaped one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import math
+import re
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from einops import repeat
+from safetensors import safe_open
+from torch import Tensor, nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import (
+    AttentionMaskInterface,
+    bidirectional_mask_function,
+    causal_mask_function,
+    sdpa_mask,
+)
+
+from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.registry import create_attention, get_attention_class
+from attention_zoo.seq2seq import causal_cores, resolve_decoder_attention
+
+__all__ = ["IMPLEMENTATION", "attention_layers", "from_pretrained", "split_mask", "use_attention"]
+
+#: the ``attn_implementation`` name this module registers with transformers
+IMPLEMENTATION = "attention_zoo"
+#: where a layer keeps its core, where the model keeps state its cores share, where the config keeps the spec
+CORE_ATTRIBUTE = "zoo_core"
+SHARED_ATTRIBUTE = "attention_zoo_shared"
+CONFIG_ATTRIBUTE = "attention_zoo"
+#: keyword arguments of the attention call that change what attention computes; the zoo cores do none of them
+UNSUPPORTED_CALL_OPTIONS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias", "alibi")
+SUPPORTED_MAJOR = 5
+
+if int(transformers.__version__.split(".")[0]) != SUPPORTED_MAJOR:
+    raise ImportError(
+        f"attention_zoo.integrations.transformers needs transformers {SUPPORTED_MAJOR}.x (its masking API); "
+        f"found {transformers.__version__}: pip install -e '.[hf]'"
+    )
+
+logger = logging.getLogger(__name__)
+
+
+def use_attention(
+    model: PreTrainedModel,
+    name: str,
+    *,
+    decoder_options: dict[str, Any] | None = None,
+    max_seq_len: int | None = None,
+    **options: Any,
+) -> PreTrainedModel:
+    """Make every self-attention layer of ``model`` run the zoo core ``name``; returns ``model`` (changed in place).
+
+    ``options``: the core's options (``zoo list``). In a causal layer a non-causal ``name`` is replaced by its
+    ``causal_counterpart``, built with ``decoder_options`` (else its defaults); a causal ``name`` keeps
+    ``options`` unless ``decoder_options`` is given. ``max_seq_len``: what cores that size parameters by length
+    (Linformer's E, F) are built for; default the config's ``max_position_embeddings``. Calling it again
+    replaces the cores (fresh parameters).
+    """
+    if not isinstance(model, PreTrainedModel):
+        raise ValueError(f"use_attention needs a transformers PreTrainedModel, got {type(model).__name__}")
+    layers = [(path, module) for path, module in attention_layers(model) if not _is_cross_attention(module)]
+    if not layers or not type(model)._can_set_attn_implementation():
+        raise ValueError(
+            f"{type(model).__name__} has no self-attention layer that dispatches through transformers' "
+            "AttentionInterface (ALL_ATTENTION_FUNCTIONS), so its attention cannot be swapped"
+        )
+    causalities = {bool(getattr(module, "is_causal", False)) for _, module in layers}
+    rules = {causal: _layer_rule(name, options, decoder_options, causal) for causal in sorted(causalities)}
+    shared = nn.ModuleDict()
+    setattr(model, SHARED_ATTRIBUTE, shared)
+    for index, (path, module) in enumerate(layers):
+        core_name, core_options, _ = rules[bool(getattr(module, "is_causal", False))]
+        heads, dim_head = _layer_shape(module, path)
+        core = create_attention(
+            core_name,
+            dim_head=dim_head,
+            heads=heads,
+            max_seq_len=_max_seq_len(module, model, max_seq_len),
+            context=BuildContext(layer_index=index, num_layers=len(layers), shared=shared),
+            **core_options,
+        )
+        reference = next(module.parameters(), None)
+        if reference is not None:
+            core.to(device=reference.device, dtype=reference.dtype)
+        core.train(module.training)  # a model already in eval() must not train its new cores (Performer redraws)
+        setattr(module, CORE_ATTRIBUTE, core)
+    reference = next(model.parameters())
+    shared.to(device=reference.device, dtype=reference.dtype)
+    _declare_aliases(model)
+    spec = {"attention": name, "options": options, "decoder_options": decoder_options, "max_seq_len": max_seq_len}
+    setattr(model.config, CONFIG_ATTRIBUTE, json.loads(json.dumps(spec)))  # stored as the saved config.json has it
+    model.set_attn_implementation(IMPLEMENTATION)
+    for causal, rule in rules.items():
+        logger.info("attention_zoo: %s layers run %s (%s)", "causal" if causal else "non-causal", rule[0], rule[2])
+    return model
+
+
+def from_pretrained(
+    model_class: Any,
+    path: str | Path,
+    attention: str | None = None,
+    *,
+    decoder_options: dict[str, Any] | None = None,
+    max_seq_len: int | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> PreTrainedModel:
+    """Reload a model saved (``save_pretrained(path)``) after :func:`use_attention`, zoo parameters included.
+
+    ``model_class``: a transformers model class or Auto class (``AutoModelForCausalLM``); ``model_kwargs`` go
+    to its ``from_pretrained`` (``dtype``, ...). ``attention`` and its options default to the spec that
+    :func:`use_attention` stored in the saved config. Plain ``from_pretrained`` would drop the zoo tensors.
+    """
+    path = Path(path)
+    model = model_class.from_pretrained(path, **(model_kwargs or {}))
+    if attention is None:
+        spec = getattr(model.config, CONFIG_ATTRIBUTE, None)
+        if not isinstance(spec, dict):
+            raise ValueError(
+                f"{path}/config.json has no {CONFIG_ATTRIBUTE!r} entry (it was not saved after use_attention); "
+                "pass the attention name and its options"
+            )
+        attention, options = spec["attention"], dict(spec["options"])
+        decoder_options, max_seq_len = spec["decoder_options"], spec["max_seq_len"]
+    use_attention(model, attention, decoder_options=decoder_options, max_seq_len=max_seq_len, **options)
+    load_zoo_tensors(model, path)
+    return model
+
+
+def load_zoo_tensors(model: nn.Module, path: str | Path) -> None:
+    """Copy every zoo parameter and buffer of ``model`` from the safetensors checkpoint in folder ``path``.
+
+    A tensor that several names share (Linformer's ``sharing="kv"`` or ``"layerwise"``) is found under any of
+    them, since ``save_pretrained`` keeps one name per shared tensor.
+    """
+    stored = _checkpoint_tensor_files(Path(path))
+    groups = _zoo_tensor_names(model)
+    missing = []
+    with torch.no_grad():
+        for tensor, names in groups.values():
+            found = next((n for n in names if n in stored), None)
+            if found is None:
+                missing.append(names[0])
+                continue
+            with safe_open(stored[found], framework="pt", device="cpu") as f:
+                value = f.get_tensor(found)
+            if value.shape != tensor.shape:
+                raise ValueError(
+                    f"{path}: {found} has shape {tuple(value.shape)}, the model's is {tuple(tensor.shape)}; "
+                    "load with the attention and options it was saved with"
+                )
+            tensor.copy_(value)
+    known = {n for _, names in groups.values() for n in names}
+    unexpected = sorted(k for k in stored if _is_zoo_key(k) and k not in known)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: the zoo tensors do not match the model's (attention {getattr(model.config, CONFIG_ATTRIBUTE)}): "
+            f"missing {missing[:5]}, unexpected {unexpected[:5]}; load with the attention and options it was saved with"
+        )
+
+
+def _zoo_tensor_names(model: nn.Module) -> dict[int, tuple[Tensor, list[str]]]:
+    """id -> (tensor, every state_dict name of it) for the zoo's tensors; shared ones have several names."""
+    groups: dict[int, tuple[Tensor, list[str]]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        if _is_zoo_key(key):
+            groups.setdefault(id(tensor), (tensor, []))[1].append(key)
+    return groups
+
+
+def _declare_aliases(model: nn.Module) -> None:
+    """Tell ``save_pretrained`` which names of a shared zoo tensor to drop (it refuses undeclared shared tensors).
+
+    transformers reads ``_tied_weights_keys`` of every submodule when saving (patterns relative to that module);
+    each core lists its names of a tensor whose kept name is elsewhere: the model-wide shared module's name if
+    there is one, else the first in order.
+    """
+    cores = {path: module for path, module in model.named_modules() if path.endswith(f".{CORE_ATTRIBUTE}")}
+    dropped: dict[str, dict[str, str]] = {path: {} for path in cores}
+    for _, names in _zoo_tensor_names(model).values():
+        kept = min(names, key=lambda n: (not n.startswith(f"{SHARED_ATTRIBUTE}."), n))
+        for name in names:
+            path = name.rsplit(f".{CORE_ATTRIBUTE}.", 1)[0] + f".{CORE_ATTRIBUTE}"
+            if name != kept and path in dropped:
+                dropped[path][re.escape(name[len(path) + 1 :]) + "$"] = kept
+    for path, core in cores.items():
+        core._tied_weights_keys = dropped[path] or None
+
+
+def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The submodules (path, module) whose forward calls transformers' attention interface, in model order."""
+    return [(path, m) for path, m in model.named_modules() if _dispatches(type(m))]
+
+
+def split_mask(mask: Tensor | None, q_length: int, kv_length: int, default_causal: bool) -> tuple[Tensor | None, bool]:
+    """The zoo's (B, Nk) key mask (True = attend; None = no padding) and causal flag of a transformers mask.
+
+    ``mask``: None (then ``default_causal``), a 4-D (B, 1 or H, Nq, Nk) boolean mask (True = attend) or float
+    additive mask (0 = attend, the dtype's minimum or -inf = blocked). It must be padding of the keys, or that
+    and causal aligned to the end (query i sees keys j <= i + Nk - Nq); anything else is refused. Where both
+    readings fit (one query), ``default_causal`` decides. The result of the last call is reused while the same,
+    unchanged mask tensor comes again (every layer of a forward gets the same one).
+    """
+    if mask is None:
+        return None, default_causal
+    cached = _last_split.get((mask, mask._version if isinstance(mask, Tensor) else 0, q_length, kv_length))
+    if cached is not None:
+        key_mask, causal_fits, plain_fits = cached
+    else:
+        key_mask, causal_fits, plain_fits = _split(mask, q_length, kv_length)
+        _last_split.put((mask, mask._version, q_length, kv_length), (key_mask, causal_fits, plain_fits))
+    if causal_fits and plain_fits:
+        return key_mask, default_causal
+    return key_mask, causal_fits
+
+
+class _LastSplit:
+    """A one-entry cache keyed by the mask tensor's identity (held weakly) and version."""
+
+    def __init__(self) -> None:
+        self.entry: tuple[weakref.ref, tuple[Any, ...], tuple[Tensor | None, bool, bool]] | None = None
+
+    def get(self, key: tuple[Any, ...]) -> tuple[Tensor | None, bool, bool] | None:
+        if self.entry is None or not isinstance(key[0], Tensor):
+            return None
+        ref, rest, value = self.entry
+        return value if ref() is key[0] and rest == key[1:] else None
+
+    def put(self, key: tuple[Any, ...], value: tuple[Tensor | None, bool, bool]) -> None:
+        self.entry = (weakref.ref(key[0]), key[1:], value)
+
+
+_last_split = _LastSplit()
+
+
+def _split(mask: Any, q_length: int, kv_length: int) -> tuple[Tensor | None, bool, bool]:
+    if not isinstance(mask, Tensor) or mask.ndim != 4:
+        raise ValueError(
+            f"attention_zoo takes None or a 4-D (B, 1, Nq, Nk) attention mask from transformers; got "
+            f"{type(mask).__name__} {tuple(getattr(mask, 'shape', ()))}"
+        )
+    if mask.shape[-1] != kv_length or mask.shape[-2] not in (1, q_length):
+        raise ValueError(
+            f"attention_zoo: attention mask of shape {tuple(mask.shape)} for {q_length} queries and {kv_length} keys; "
+            "it must be (B, 1, Nq, Nk) (a static cache, whose keys include unfilled slots, is not supported)"
+        )
+    if mask.dtype != torch.bool:
+        allowed = mask == 0
+        if not bool((allowed | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+            raise ValueError(
+                "attention_zoo takes a 0 / -inf (or dtype minimum) float mask; this one carries an additive bias "
+                "(values other than 0 and blocked), which the zoo cores cannot apply"
+            )
+        mask = allowed
+    batch = mask.shape[0]
+    if mask.shape[1] > 1:
+        if not bool((mask == mask[:, :1]).all()):
+            raise ValueError("attention_zoo: the attention mask differs between heads; the zoo takes one per sequence")
+        mask = mask[:, :1]
+    mask = mask.expand(batch, 1, q_length, kv_length)
+    key_mask = mask[:, 0, -1, :].clone()  # the last query sees every real key under either reading
+    padded = key_mask[:, None, None, :]
+    query = torch.arange(q_length, device=mask.device)[:, None] + (kv_length - q_length)
+    visible = torch.arange(kv_length, device=mask.device)[None, :] <= query
+    plain_fits, causal_fits = bool((mask == padded).all()), bool((mask == (padded & visible)).all())
+    if not (plain_fits or causal_fits):
+        raise ValueError(
+            "attention_zoo: this attention mask is not padding, nor padding plus causal attention aligned to the end "
+            "(a sliding window, packed sequences, a static cache or a custom pattern?); the zoo cores take a (B, Nk) "
+            "key mask and a causal flag only"
+        )
+    return (None if bool(key_mask.all()) else key_mask), causal_fits, plain_fits
+
+
+def zoo_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """The registered ``"attention_zoo"`` implementation: (B, H, N, D) in, (B, N, H, D) and no weights out."""
+    core: AttentionCore | None = getattr(module, CORE_ATTRIBUTE, None)
+    if core is None:
+        if _is_cross_attention(module):
+            _warn_once(f"{type(module).__name__} (cross-attention) keeps transformers' sdpa attention")
+            call = dict(dropout=dropout, scaling=scaling, is_causal=is_causal)
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **call, **kwargs)
+        raise ValueError(
+            f"{type(module).__name__} has no zoo core; run attention_zoo.integrations.transformers.use_attention("
+            f"model, name) before running a model with attn_implementation={IMPLEMENTATION!r}"
+        )
+    for option in UNSUPPORTED_CALL_OPTIONS:
+        if kwargs.get(option) is not None:
+            raise ValueError(
+                f"{type(module).__name__} calls attention with {option}={kwargs[option]!r}, which the zoo cores do not "
+                f"apply; supported: plain softmax attention with padding and causal masks"
+            )
+    if kwargs.get("output_attentions"):
+        _warn_once("zoo cores return no attention weights (output_attentions gives None)")
+    if dropout > 0:
+        _warn_once(f"zoo cores apply no dropout to attention probabilities; the layer's p={dropout} is not applied")
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        # the layout of transformers' repeat_kv: K/V head j serves query heads j * groups .. j * groups + groups - 1
+        key, value = (repeat(t, "b h n d -> b (h g) n d", g=groups) for t in (key, value))
+    default_causal = bool(getattr(module, "is_causal", False)) if is_causal is None else bool(is_causal)
+    nq, nk = query.shape[-2], key.shape[-2]
+    key_mask, causal = split_mask(attention_mask, nq, nk, default_causal)
+    if scaling is not None and not math.isclose(scaling, core.scale, rel_tol=1e-12):
+        query = query * (scaling / core.scale)
+    if nq < nk and not (core.supports_cross_attention and core.position_free_queries):
+        if not causal:
+            raise ValueError(
+                f"{core.name} attends a sequence to itself only; this non-causal call has {nq} queries for {nk} keys"
+            )
+        # a cached step: the new queries are the last positions of the prefix (see the module docstring)
+        query = torch.cat([query.new_zeros(*query.shape[:2], nk - nq, query.shape[-1]), query], dim=-2)
+        out = core(query, key, value, mask=key_mask, causal=True)[:, :, nk - nq :]
+    else:
+        out = core(query, key, value, mask=key_mask, causal=causal)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def zoo_mask(**kwargs: Any) -> Tensor | None:
+    """The registered mask function: transformers' ``sdpa_mask`` for the plain causal and bidirectional patterns.
+
+    Keyword arguments as transformers passes them to every mask function (the query positions come as
+    ``q_length`` in recent 5.x releases and as ``cache_position`` in early ones; both are passed through).
+    """
+    mask_function = kwargs.get("mask_function", causal_mask_function)
+    if mask_function is not causal_mask_function and mask_function is not bidirectional_mask_function:
+        raise ValueError(
+            f"attention_zoo supports padding with causal or bidirectional attention; this model builds the mask "
+            f"pattern {getattr(mask_function, '__name__', mask_function)!r} (a sliding window, chunked attention, "
+            "packed sequences or an overlay such as image tokens), which the zoo cores cannot apply"
+        )
+    q_length = kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0]
+    if q_length not in (1, kwargs["kv_length"]):
+        # sdpa's is_causal aligns to the top-left, the zoo's to the end: only these two shapes agree without a mask
+        kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(**kwargs)
+
+
+def _layer_rule(
+    name: str, options: dict[str, Any], decoder_options: dict[str, Any] | None, causal: bool
+) -> tuple[str, dict[str, Any], str]:
+    """(core, options, why) for a causal or non-causal layer; refuses what no layer of that kind can run."""
+    if causal:
+        if not get_attention_class(name).supports_causal and get_attention_class(name).causal_counterpart is None:
+            raise ValueError(
+                f"the model's layers are causal and attention {name!r} is not, and it declares no "
+                f"causal_counterpart; causal cores: {', '.join(causal_cores())}"
+            )
+        rule = resolve_decoder_attention(name, options, None, decoder_options)
+        chosen = (rule.attention, rule.options, rule.reason)
+    else:
+        chosen = (name, dict(options), "as named")
+    cls = get_attention_class(chosen[0])
+    if cls.needs_shared_qk:
+        raise ValueError(
+            f"attention {chosen[0]!r} needs one shared projection for queries and keys (Reformer's shared-QK), and "
+            "transformers' attention layers project them separately; use a core without needs_shared_qk"
+        )
+    return chosen
+
+
+def _layer_shape(module: nn.Module, path: str) -> tuple[int, int]:
+    config = getattr(module, "config", None)
+    heads = _first_int(module, "num_heads", "num_attention_heads") or _first_int(config, "num_attention_heads")
+    if heads is None:
+        raise ValueError(f"layer {path} ({type(module).__name__}): found no num_heads / num_attention_heads")
+    dim_head = _first_int(module, "head_dim", "attention_head_size") or _first_int(config, "head_dim")
+    if dim_head is None:
+        hidden = _first_int(config, "hidden_size")
+        if hidden is None:
+            raise ValueError(f"layer {path} ({type(module).__name__}): found no head_dim / attention_head_size")
+        dim_head = hidden // heads
+    return heads, dim_head
+
+
+def _max_seq_len(module: nn.Module, model: nn.Module, given: int | None) -> int | None:
+    if given is not None:
+        return given
+    for config in (getattr(module, "config", None), model.config.get_text_config()):
+        found = _first_int(config, "max_position_embeddings")
+        if found is not None:
+            return found
+    return None
+
+
+def _first_int(owner: Any, *names: str) -> int | None:
+    for attribute in names:
+        value = getattr(owner, attribute, None) if owner is not None else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _is_cross_attention(module: nn.Module) -> bool:
+    return bool(getattr(module, "is_cross_attention", False)) or "CrossAttention" in type(module).__name__
+
+
+@functools.cache
+def _dispatches(cls: type) -> bool:
+    """Whether ``cls.forward`` calls the attention interface (transformers' own heuristic, per layer class)."""
+    if cls.forward is nn.Module.forward:
+        return False
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _is_zoo_key(key: str) -> bool:
+    return f".{CORE_ATTRIBUTE}." in f".{key}" or key.startswith(f"{SHARED_ATTRIBUTE}.")
+
+
+def _checkpoint_tensor_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> safetensors file of a ``save_pretrained`` folder (one file or a sharded index)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return {name: path / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    single = path / "model.safetensors"
+    if not single.is_file():
+        found = sorted(p.name for p in path.iterdir()) if path.is_dir() else "no such folder"
+        raise ValueError(f"{path}: no model.safetensors or model.safetensors.index.json (found {found})")
+    with safe_open(single, framework="pt", device="cpu") as f:
+        return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has keys(), no __iter__)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning("attention_zoo: %s", message)
+
+
+AttentionInterface.register(IMPLEMENTATION, zoo_attention_forward)
+AttentionMaskInterface.register(IMPLEMENTATION, zoo_mask)
