@@ -18,10 +18,10 @@ initialisation: :func:`init_transformer_` leaves every parameter an :class:`~att
 holds, including state the cores of a model share (Linformer's layerwise projection).
 
 Why: the residual stream must differ from position to position at initialisation, or every attention pattern
-gives nearly the same output and every mechanism looks "on par". Unit-scale embeddings keep the token identity
+gives nearly the same output and every mechanism looks "on par". √d-scaled embeddings keep the token identity
 dominant over the blocks' outputs; zero biases add no position-common offset; the 1/√R scaling keeps that true
-at any depth. ``tests/test_init.py`` measures the position-common share of the stream; the README gives the
-measurements that chose this convention over GPT-2's N(0, 0.02) everywhere.
+at any depth. ``tests/test_init.py`` measures the position-common share of the stream;
+``experiments/results/linformer_paper/README.md`` gives the measurements that chose this convention.
 """
 
 from __future__ import annotations
