@@ -329,12 +329,12 @@ def zero_padded(t: Tensor, mask: Tensor) -> Tensor:
 
 
 def _double_backward_cores() -> list[str]:
-    from attention_zoo.registry import get_attention_class, list_attentions
+    from attention_zoo.registry import list_attentions
 
-    return [n for n in list_attentions() if get_attention_class(n).supports_double_backward]
+    return list_attentions(double_backward=True)
 
 
 def _causal_cores() -> list[str]:
-    from attention_zoo.registry import get_attention_class, list_attentions
+    from attention_zoo.registry import list_attentions
 
-    return [n for n in list_attentions() if get_attention_class(n).supports_causal]
+    return list_attentions(causal=True)

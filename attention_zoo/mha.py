@@ -163,4 +163,4 @@ class MultiHeadAttention(nn.Module):
 def _cross_cores() -> list[str]:
     from attention_zoo.registry import list_attentions
 
-    return [n for n in list_attentions() if get_attention_class(n).supports_cross_attention]
+    return list_attentions(cross=True)

@@ -70,6 +70,8 @@ from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.masks import masked_softmax
 from attention_zoo.registry import register_attention
 
+#: the iterations of (N4) the paper uses: the default, and what ``pinv="exact"`` leaves unchanged
+PAPER_PINV_ITERATIONS = 6
 PinvMethod = Literal["iterative", "exact"]
 
 
@@ -192,7 +194,7 @@ class NystromAttention(AttentionCore):
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
         num_landmarks: int = 64,
-        pinv_iterations: int = 6,
+        pinv_iterations: int = PAPER_PINV_ITERATIONS,
         pinv: PinvMethod = "iterative",
         conv_kernel_size: int | None = None,
     ) -> None:
@@ -204,7 +206,7 @@ class NystromAttention(AttentionCore):
             raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
         if pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
-        if pinv == "exact" and pinv_iterations != 6:
+        if pinv == "exact" and pinv_iterations != PAPER_PINV_ITERATIONS:
             raise ValueError(
                 f"pinv_iterations={pinv_iterations} has no effect with pinv='exact' (torch.linalg.pinv); "
                 "drop it, or use pinv='iterative'"

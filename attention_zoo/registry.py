@@ -50,9 +50,41 @@ def register_attention(name: str) -> Callable[[CoreT], CoreT]:
     return wrap
 
 
-def list_attentions() -> list[str]:
-    """Registered mechanism names, sorted."""
-    return sorted(_REGISTRY)
+#: the filters of :func:`list_attentions` and the capability each one reads
+CAPABILITY_FILTERS = {
+    "causal": "supports_causal",
+    "mask": "supports_mask",
+    "cross": "supports_cross_attention",
+    "decoding": "has_decoding_cache",
+    "double_backward": "supports_double_backward",
+    "position_free_queries": "position_free_queries",
+}
+
+
+def list_attentions(
+    *,
+    causal: bool | None = None,
+    mask: bool | None = None,
+    cross: bool | None = None,
+    decoding: bool | None = None,
+    double_backward: bool | None = None,
+    position_free_queries: bool | None = None,
+) -> list[str]:
+    """Registered mechanism names, sorted; each filter given (not None) keeps the mechanisms whose capability has
+    that value (as timm's ``list_models(filter=...)``): ``causal`` reads ``supports_causal``, ``mask``
+    ``supports_mask``, ``cross`` ``supports_cross_attention``, ``decoding`` ``has_decoding_cache`` (a step-by-step
+    cache of its own; every causal core can decode by recomputing), ``double_backward`` ``supports_double_backward``,
+    ``position_free_queries`` the attribute of that name. ``list_attentions(causal=True, decoding=False)``: the
+    causal cores that decode by recomputation."""
+    wanted = {
+        CAPABILITY_FILTERS[name]: value
+        for name, value in (("causal", causal), ("mask", mask), ("cross", cross), ("decoding", decoding),
+                            ("double_backward", double_backward), ("position_free_queries", position_free_queries))
+        if value is not None
+    }  # fmt: skip
+    return sorted(
+        name for name, cls in _REGISTRY.items() if all(getattr(cls, a) == v for a, v in wanted.items())
+    )
 
 
 def get_attention_class(name: str) -> type[AttentionCore]:

@@ -49,7 +49,7 @@ class DecoderRule:
 
 
 def causal_cores() -> list[str]:
-    return [n for n in list_attentions() if get_attention_class(n).supports_causal]
+    return list_attentions(causal=True)
 
 
 def resolve_decoder_attention(

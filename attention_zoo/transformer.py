@@ -267,10 +267,7 @@ class TransformerDecoder(_Backbone):
     ) -> None:
         super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
         if not get_attention_class(cross_attention).position_free_queries:
-            usable = [
-                n for n in list_attentions()
-                if get_attention_class(n).supports_cross_attention and get_attention_class(n).position_free_queries
-            ]  # fmt: skip
+            usable = list_attentions(cross=True, position_free_queries=True)
             raise ValueError(
                 f"cross_attention={cross_attention!r} weights a query by its position in the call, which step-by-step "
                 f"decoding (one query at a time, or beams stacked) does not reproduce; use one of {', '.join(usable)}"

@@ -173,7 +173,7 @@ def parse_attentions(text: str) -> list[tuple[str, dict[str, Any] | None]]:
 
 def default_attentions() -> list[str]:
     """Every registered mechanism that accepts padding masks (task batches are padded)."""
-    return [name for name in az.list_attentions() if az.get_attention_class(name).supports_mask]
+    return az.list_attentions(mask=True)
 
 
 def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Entry]:

@@ -14,6 +14,28 @@ def test_full_is_registered():
     assert az.list_attentions() == sorted(az.list_attentions())
 
 
+@pytest.mark.parametrize("flag", sorted(registry.CAPABILITY_FILTERS))
+def test_each_capability_filter_keeps_exactly_the_cores_with_that_capability(flag):
+    attribute = registry.CAPABILITY_FILTERS[flag]
+    every = az.list_attentions()
+    for value in (True, False):
+        expected = [n for n in every if getattr(az.get_attention_class(n), attribute) == value]
+        assert az.list_attentions(**{flag: value}) == expected
+    assert sorted(az.list_attentions(**{flag: True}) + az.list_attentions(**{flag: False})) == every
+
+
+def test_capability_filters_combine_and_name_known_cores():
+    assert "full" in az.list_attentions(causal=True, mask=True, cross=True, decoding=True)
+    assert "linformer" in az.list_attentions(causal=False, cross=True)
+    assert "linformer" not in az.list_attentions(causal=True)
+    recompute = az.list_attentions(causal=True, decoding=False)
+    assert all(az.get_attention_class(n).supports_causal and not az.get_attention_class(n).has_decoding_cache
+               for n in recompute)  # fmt: skip
+    assert set(az.list_attentions(cross=True, position_free_queries=True)) < set(az.list_attentions(cross=True))
+    with pytest.raises(TypeError):
+        az.list_attentions(causl=True)  # a typo is an error, never an ignored filter
+
+
 def test_unknown_name_lists_known_names():
     with pytest.raises(ValueError, match=r"unknown attention 'fulll'; known: .*full"):
         az.create_attention("fulll", dim_head=8, heads=2)
