@@ -51,6 +51,7 @@ import contextlib
 import inspect
 import io
 import logging
+import os
 import platform
 import signal
 import sys
@@ -202,6 +203,16 @@ def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Ent
     return entries
 
 
+def shown_path(path: str) -> str:
+    """``path`` as written into summaries and logs: relative to the working directory when below it (a results
+    folder then names no path of the machine that made it), else normalised and absolute."""
+    normal = Path(os.path.normpath(path))
+    try:
+        return str(normal.relative_to(Path.cwd()))
+    except ValueError:
+        return str(normal)
+
+
 def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -> tuple[list[str], bool]:
     """Build every entry's model and data module as its ``zoo fit`` would (no training, nothing written).
     Returns the problems (one line per bad entry) and whether the data module takes ``shuffle_seed``."""
@@ -295,12 +306,13 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
             print(f"zoo compare: error: {error}", file=sys.stderr)
             return 2
     task_config = str(Path(config.task_config.absolute))
+    shown_config = shown_path(task_config)
     fit_args = [*config.fit_args, *fit_extra]
     try:
         entries = plan(config.attentions, config.options)
     except ValueError as error:
         parser.error(str(error))
-    out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {task_config} ...")
+    out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {shown_config} ...")
     problems, vary_data_order = check_entries(entries, task_config, fit_args)
     if problems:
         parser.error("these entries cannot be built, nothing was run:\n  " + "\n  ".join(problems))
@@ -367,7 +379,7 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     header = [
         f"# zoo compare: {directory.name}",
         "",
-        f"- task config: `{task_config}`; extra fit args: `{' '.join(fit_args) or '-'}`",
+        f"- task config: `{shown_config}`; extra fit args: `{' '.join(fit_args) or '-'}`",
         f"- seeds {seeds[0]}..{seeds[-1]} per mechanism (model initialisation"
         + (" and training order" if vary_data_order else " only; the data module has no shuffle_seed")
         + "); the data are the same in every run",

@@ -270,3 +270,11 @@ def test_compare_with_test_adds_each_runs_test_metrics(tmp_path):
     with open(tmp_path / "runs" / "tested" / "runs.csv") as file:
         (row,) = list(csv.DictReader(file))
     assert float(row["test_acc"]) == pytest.approx(record["metrics"]["test/acc"])
+
+
+def test_summaries_name_the_task_config_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    inside = tmp_path / "experiments" / "studies" / "x" / ".." / ".." / ".." / "configs" / "recall.yaml"
+    assert compare.shown_path(str(inside)) == str(Path("configs") / "recall.yaml")
+    outside = tmp_path.parent / "elsewhere" / ".." / "other.yaml"
+    assert compare.shown_path(str(outside)) == str(tmp_path.parent / "other.yaml")

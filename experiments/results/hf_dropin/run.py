@@ -28,6 +28,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import attention_zoo as az
 from attention_zoo.integrations.transformers import use_attention
+from experiments.compare import shown_path
 from tasks.data.mlm import default_corpus_dir, list_corpus_files, split_stream
 
 SEQ_LEN, VOCAB = 256, 256  # bytes
@@ -172,7 +173,8 @@ def main() -> None:
         print(f"{label}: swapped {swapped:.4f} ({swapped - base_loss:+.4f}), fine-tuned {tuned:.4f} "
               f"({tuned - base_loss:+.4f}) [{time.perf_counter() - t0:.0f} s]", flush=True)  # fmt: skip
 
-    summary = {"base_loss": base_loss, "args": {k: str(v) for k, v in vars(args).items()}, "mechanisms": results}
+    arguments = {k: shown_path(str(v)) if isinstance(v, Path) else str(v) for k, v in vars(args).items()}
+    summary = {"base_loss": base_loss, "args": arguments, "mechanisms": results}
     summary["torch"], summary["attention_zoo_mechanisms"] = torch.__version__, az.list_attentions()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(summary, indent=1))
