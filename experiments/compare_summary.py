@@ -21,9 +21,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from experiments.stats import (
+    RULE,
     Interval,
     PairedDifference,
     default_margin,
+    margin_text,
     metric_bounds,
     paired_difference,
     summarize,
@@ -203,7 +205,7 @@ def write_outputs(
         f"| mechanism | options | ok/seeds | verdict | Δ {metric} [95% CI] | p | " + " | ".join(shown) + " |",
         "|---" * (len(shown) + 6) + "|",
     ]
-    for s in sorted(summary, key=_rank_order):
+    for s in sorted(summary, key=_best_first):
         cells = [_md(s["mechanism"]), _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}", s["verdict"]]
         cells += [format_difference(s["difference"], metric, interval=True), format_p(s["difference"])]
         cells += [format_interval(s["intervals"].get(c), c) for c in shown]
@@ -223,15 +225,13 @@ def verdict_lines(summary: list[dict[str, Any]], metric: str) -> list[str]:
     margin = summary[0]["margin"] if summary else None
     if not any(s["verdict"] == "reference" for s in summary):
         return [f"Mean ± 95% interval over seeds, best {metric} first. No finished `{reference}` run: no verdicts."]
-    margin_text = "no margin (none given, and no default for this metric)" if margin is None else f"δ = {margin:g}"
     return [
         f"Mean ± 95% interval over seeds, best {metric} first. Verdict: the paired difference from `{reference}` on "
-        f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text}: `on par` if its "
-        "90% interval lies inside ±δ, else `better`/`worse` if its 95% interval excludes 0, else `inconclusive`."
+        f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text(margin)}: {RULE}."
     ]
 
 
-def _rank_order(s: dict[str, Any]) -> tuple[int, str]:
+def _best_first(s: dict[str, Any]) -> tuple[int, str]:
     """Best mean first, unscored last."""
     return (s.get("order", 10**6), s["mechanism"])
 
@@ -292,10 +292,8 @@ def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
     titles = {"tokens_per_s": "tokens/s", "train_mem_mb": "train MB"}
     reference = summary[0]["reference"] if summary else "full"
     margin = summary[0]["margin"] if summary else None
-    margin_text = f"δ = {margin:g}" if margin is not None else "no margin"
-    table = Table(
-        title=f"zoo compare: mean ± 95% interval over seeds; verdict vs {reference} on {metric}, {margin_text}"
-    )
+    delta = f"δ = {margin:g}" if margin is not None else "no margin"
+    table = Table(title=f"zoo compare: mean ± 95% interval over seeds; verdict vs {reference} on {metric}, {delta}")
     table.add_column("mechanism", max_width=18, overflow="fold")
     table.add_column("options", max_width=22, overflow="ellipsis", no_wrap=True)
     table.add_column(metric, justify="right")
@@ -305,7 +303,7 @@ def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
         table.add_column(titles.get(column, column), justify="right")
     table.add_column("ok", justify="right")
     colours = {"better": "green", "worse": "red", "on par": "cyan"}
-    for s in sorted(summary, key=_rank_order):
+    for s in sorted(summary, key=_best_first):
         cells = [format_interval(s["intervals"].get(c), c) for c in shown]
         ok = f"{s['ok']}/{s['seeds']}" if s["ok"] == s["seeds"] else f"[red]{s['ok']}/{s['seeds']}[/]"
         verdict = s["verdict"]

@@ -36,7 +36,7 @@ from experiments.compare_summary import (
     primary_metric,
     summarize_mechanisms,
 )
-from experiments.stats import PairedDifference
+from experiments.stats import RULE, PairedDifference, margin_text
 
 
 def load_compare(directory: Path) -> list[dict[str, Any]]:
@@ -115,8 +115,6 @@ def write_report(
     plot_pareto(points, front, metric, experiment / "pareto.png", experiment.name)
 
     sign = "lower" if lower_is_better(metric) else "higher"
-    delta = reference["margin"]
-    margin_text = f"δ = {delta:g}" if delta is not None else "no margin"
     lines = [
         f"# zoo report: {experiment.name}",
         "",
@@ -127,8 +125,7 @@ def write_report(
         "## The compared task",
         "",
         "Change vs full: the paired difference over shared seeds with its 95% interval, and the verdict"
-        f" ({margin_text}: `on par` if the 90% interval lies inside ±δ, else `better`/`worse` if the 95% interval"
-        " excludes 0, else `inconclusive`).",
+        f" ({margin_text(reference['margin'])}: {RULE}).",
         "",
         "| mechanism | options | seeds | " + metric + " | change vs full | verdict | speedup in training | train MB |"
         " Pareto |",

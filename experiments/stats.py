@@ -36,6 +36,18 @@ DEFAULT_MARGINS = {"acc": 0.01, "f1": 0.01, "bleu": 0.5, "chrf": 0.5, "loss": 0.
 PPL_RELATIVE_MARGIN = 0.02
 
 
+#: the rule in words, for the Markdown every tool writes (after the margin: "δ = 0.01: " + RULE)
+RULE = (
+    "`on par` if its 90% interval lies inside ±δ, else `better`/`worse` if its 95% interval excludes 0, else "
+    "`inconclusive`"
+)
+
+
+def margin_text(margin: float | None) -> str:
+    """How the Markdown names δ."""
+    return "no margin (none given, and no default for this metric)" if margin is None else f"δ = {margin:g}"
+
+
 def metric_bounds(metric: str) -> tuple[float | None, float | None]:
     """The range a metric can take: accuracy and F1 in [0, 1], BLEU and chrF in [0, 100], perplexity >= 1,
     losses, rates, memory and durations >= 0; anything else unbounded."""

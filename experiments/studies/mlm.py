@@ -32,7 +32,7 @@ from attention_zoo.linformer import DEFAULT_K
 from experiments.compare import plan
 from experiments.compare_runs import read_record
 from experiments.console import console
-from experiments.stats import default_margin, metric_bounds, paired_difference, summarize
+from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
 from experiments.studies.common import write_csv
 from experiments.studies.mlm_plots import plot
 
@@ -164,8 +164,7 @@ def table_rows(runs: list[dict]) -> list[dict]:
 def markdown(table: list[dict], runs: list[dict]) -> str:
     lines = [
         "Δ: the paired difference from full attention at the same n over shared seeds (95% interval), p: paired"
-        " t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's perplexity: `on par` if the 90%"
-        " interval lies inside ±δ, else `better`/`worse` if the 95% interval excludes 0, else `inconclusive`.",
+        f" t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's perplexity: {RULE}.",
         "",
         "| n | model | k | sharing | final val ppl, mean ± std | 95% interval | seeds finished | Δ vs full [95% CI]"
         " | p | verdict |",
