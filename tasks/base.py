@@ -290,6 +290,19 @@ def read_checkpoint(path: str | Path, option: str) -> dict[str, Any]:
     return checkpoint
 
 
+def state_dict_mismatches(weights: dict[str, Tensor], expected: dict[str, Tensor]) -> list[str]:
+    """Every missing, unexpected and mis-shaped key of checkpoint ``weights`` against a model's ``expected``
+    state dict, one line each (empty when they fit)."""
+    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in weights]
+    problems += [f"unexpected {k} {tuple(v.shape)}" for k, v in weights.items() if k not in expected]
+    problems += [
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in weights and weights[k].shape != v.shape
+    ]
+    return problems
+
+
 def load_encoder(task: EncoderTask, path: str) -> None:
     """Copy the ``encoder.*`` weights of a Lightning checkpoint into ``task.encoder``.
 
@@ -312,14 +325,7 @@ def load_encoder(task: EncoderTask, path: str) -> None:
         )
     prefix = "encoder."
     weights = {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-    expected = task.encoder.state_dict()
-    problems = [f"missing {k} {tuple(v.shape)}" for k, v in expected.items() if k not in weights]
-    problems += [f"unexpected {k} {tuple(v.shape)}" for k, v in weights.items() if k not in expected]
-    problems += [
-        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in weights and weights[k].shape != v.shape
-    ]
+    problems = state_dict_mismatches(weights, task.encoder.state_dict())
     if problems:
         raise ConfigError(
             f"init_from: the encoder in {path!r} (attention {theirs!r}) does not fit this model (attention "

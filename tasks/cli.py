@@ -42,7 +42,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from tasks import classification, data, token_prediction, translation  # noqa: F401  (short class names in configs)
-from tasks.base import ConfigError, ZooTask, read_checkpoint
+from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatches
 from tasks.callbacks import SaveConfigToRun
 from tasks.data.base import DataError
 
@@ -161,15 +161,7 @@ def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None) -> Non
     else:
         return
     checkpoint = read_checkpoint(path, "--ckpt_path")
-    weights, expected = checkpoint["state_dict"], model.state_dict()
-    problems = [f"missing {k}" for k in expected if k not in weights] + [
-        f"unexpected {k}" for k in weights if k not in expected
-    ]
-    problems += [
-        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in expected.items()
-        if k in weights and weights[k].shape != v.shape
-    ]
+    problems = state_dict_mismatches(checkpoint["state_dict"], model.state_dict())
     if not problems:
         return
     saved, ours = checkpoint.get("hyper_parameters", {}), dict(model.hparams)
