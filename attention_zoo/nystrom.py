@@ -29,7 +29,8 @@ Choices where the paper is silent (it assumes n divisible by m and no padding):
   left out of F~ and A~ (masked columns, and an identity block in A~ that F~ never reads, so the
   pseudo-inverse of the real block is unchanged). With m = n and the exact pseudo-inverse the output is
   full attention exactly: F~ = A~ = B~ = S and S S^+ S = S.
-- Precision: B~ V runs in the input dtype; A~, its pseudo-inverse and the product F~ (A~^+ B~ V) run in
+- Precision: B~ V runs in the input dtype; the landmark means (accumulated without rounding them to the
+  input dtype: A~ is ill-conditioned), A~, its pseudo-inverse and the product F~ (A~^+ B~ V) run in
   float32 for bf16/fp16 input (float64 for float64), and the core turns autocast off inside, so the same
   holds under autocast. The scale of (N5) is per matrix (per batch element and head); the reference code
   divides by the largest column sum over the whole batch, which makes one sequence's output depend on the
@@ -63,7 +64,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
-from einops import einsum, rearrange, reduce
+from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from attention_zoo.core import AttentionCore, BuildContext
@@ -235,12 +236,11 @@ class NystromAttention(AttentionCore):
         # b: batch, h: heads, n: positions, i/j: landmarks, d: head dim
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
         with torch.autocast(q.device.type, enabled=False):
-            q_land, k_land, present = self.landmarks(q, k, mask)
+            q_land, k_land, present = self.landmarks(q, k, mask, work)
             keys = None if mask is None else rearrange(mask, "b n -> b 1 1 n")
             landmarks = None if present is None else rearrange(present, "b j -> b 1 1 j")
             # the 1/sqrt(d) goes on the m x d landmarks, never on an n x d or n x m tensor
-            bv = SoftmaxProduct.apply(q_land * self.scale, k, v, keys)  # B~ V
-            q_land, k_land = q_land.to(work), k_land.to(work)
+            bv = SoftmaxProduct.apply((q_land * self.scale).to(q.dtype), k, v, keys)  # B~ V
             a = masked_softmax(einsum(q_land * self.scale, k_land, "b h i d, b h j d -> b h i j"), landmarks)
             if present is not None:  # empty landmarks: zero rows, and an identity block that F~ never reads
                 a = a * rearrange(present, "b i -> b 1 i 1") + torch.diag_embed(rearrange(~present, "b i -> b 1 i"))
@@ -251,20 +251,24 @@ class NystromAttention(AttentionCore):
             out = out + self.conv(v if mask is None else v * rearrange(mask, "b n -> b 1 n 1"))
         return out
 
-    def landmarks(self, q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Segment means (N1) of q and k, ``(B, H, m, D)``, and which segments hold a real token (``None``:
-        all of them)."""
+    def landmarks(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, work: torch.dtype
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Segment means (N1) of q and k, ``(B, H, m, D)`` in ``work`` precision (A~ is ill-conditioned: means
+        rounded to bf16 move the output by several times bf16's unit roundoff), and which segments hold a real
+        token (``None``: all of them)."""
         n, m = q.shape[-2], self.num_landmarks
         if mask is None and n % m == 0:
             # sum, then divide the small result: einops' "mean" makes autograd write a permuted n x d gradient
             # and copy it again (3 ms per tensor at n = 4096, H = 8, D = 64)
-            means = [reduce(t, "b h (j l) d -> b h j d", "sum", j=m) * (m / n) for t in (q, k)]
+            means = [rearrange(t, "b h (j l) d -> b h j l d", j=m).sum(3, dtype=work) * (m / n) for t in (q, k)]
             return means[0], means[1], None
         segment, counts = segment_layout(mask, n, m, q.device)
         index = rearrange(segment, "b n -> b 1 n 1").expand(q.shape[0], q.shape[1], n, q.shape[3])
         sizes = rearrange(counts.clamp(min=1), "b j -> b 1 j 1")
         means = [
-            t.new_zeros(*t.shape[:2], m + 1, t.shape[3]).scatter_add(2, index, t)[:, :, :m] / sizes for t in (q, k)
+            t.new_zeros(*t.shape[:2], m + 1, t.shape[3], dtype=work).scatter_add(2, index, t.to(work))[:, :, :m] / sizes
+            for t in (q, k)
         ]
         present = counts > 0
         return means[0], means[1], None if bool(present.all()) else present

@@ -17,8 +17,13 @@ S_i is then empty gives zeros.
 257 keys (the "Longformer-257" of the Nystromformer comparison; a causal query sees w/2 + 1).
 
 Exactness: every core equals full attention restricted to its pattern (``exact = True`` means that here,
-not equality with full attention), in both implementations (option ``impl``):
-- ``"blocked"`` (default): :mod:`attention_zoo.block_sparse`, tiles of queries against only the keys
+not equality with full attention), in every implementation (option ``impl``):
+- ``"auto"`` (default): ``"flex"`` when the inputs are on CUDA (in float32, bfloat16 or float16, head dim
+  >= 16), ``"blocked"`` otherwise: each device gets the fastest path that can also train there.
+- ``"flex"``: :mod:`attention_zoo.sparse_flex`, FlexAttention with a block mask from the same mask function,
+  cached; on CUDA a compiled kernel that skips the tiles the pattern leaves empty. On the CPU only torch's
+  eager fallback runs (dense, forward only): training with it there is refused in favour of ``"blocked"``.
+- ``"blocked"``: :mod:`attention_zoo.block_sparse`, tiles of queries against only the keys
   they touch, O(n K) time and memory, trainable on CPU. ``local`` finds its key band directly; the other
   patterns find their tiles' key sets by evaluating the mask function once per (length, causal), an
   O(n^2) boolean pass, cached. The strided pattern is split into its window |i - j| <= l (a band) and
@@ -42,13 +47,15 @@ in the same process, 5.2-5.3x (target 4x); t(8192)/t(2048) = 3.6-3.9 (target <= 
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from typing import ClassVar, Literal, TypeVar
 
 import torch
 from einops import einsum, rearrange
 from torch import Tensor
-from torch.nn.attention.flex_attention import and_masks
+from torch.nn.attention.flex_attention import BlockMask, and_masks
 
+from attention_zoo import sparse_flex as flex
 from attention_zoo.block_sparse import TileGroup, band_layout, layout_from_mask, residue_layout, tiled_attention
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState
 from attention_zoo.decoding_cache import PatternState, pattern_decoding_step
@@ -69,8 +76,9 @@ from attention_zoo.sparse_patterns import (
     still_reachable,
 )
 
+T = TypeVar("T")
 Pattern = Literal["strided", "fixed", "blockwise", "longformer", "bigbird"]
-Impl = Literal["blocked", "dense"]
+Impl = Literal["auto", "flex", "blocked", "dense"]
 
 #: the options each pattern reads, with their defaults (None: derived from the others). Child et al. Sec. 4.3
 #: found c in {8, 16, 32} good for l in {128, 256}: stride 128 and 8 summary columns; blockwise 128 (ours;
@@ -96,7 +104,7 @@ _GENERATORS = {
     "blockwise": generate_blockwise,
     "longformer": generate_longformer,
 }
-_CACHED_LAYOUTS = 8
+_CACHED_LAYOUTS = 8  # per core: tile layouts, and as many FlexAttention block masks
 _RESIDUE_TILE = 64
 
 
@@ -115,11 +123,14 @@ class PatternAttention(AttentionCore):
         heads: int,
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
-        impl: Impl = "blocked",
+        impl: Impl = "auto",
     ) -> None:
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        if impl == "flex":
+            flex.check_flex_dim_head(dim_head)
         self.impl = impl
         self._layouts: dict[tuple[int, bool, torch.device], tuple[TileGroup, ...]] = {}
+        self._block_masks: dict[tuple[int, bool, torch.device], BlockMask] = {}
 
     def pattern(self, n: int, causal: bool) -> MaskMod:
         """The bidirectional mask function for sequences of length ``n``."""
@@ -131,6 +142,10 @@ class PatternAttention(AttentionCore):
     def mask_mod(self, n: int, causal: bool) -> MaskMod:
         """The pattern, AND j <= i when ``causal``."""
         return with_causal(self.pattern(n, causal), causal)
+
+    def flex_mask_mod(self, n: int, causal: bool, device: torch.device) -> MaskMod:
+        """:meth:`mask_mod` in the pointwise form FlexAttention's compiled kernel needs (the same, by default)."""
+        return self.mask_mod(n, causal)
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         """Which cached keys at ``positions`` a causal query at a position >= n may still attend."""
@@ -149,21 +164,39 @@ class PatternAttention(AttentionCore):
         mask_mod = self.decoding_mask_mod(state.length + q.shape[-2])
         return pattern_decoding_step(q, k, v, state, mask, mask_mod, self.still_reachable, self.scale)
 
+    def resolved_impl(self, q: Tensor) -> str:
+        """The implementation a call with these queries runs: ``impl``, or for ``"auto"`` flex on CUDA where
+        FlexAttention takes the dtype and head dim, else blocked."""
+        if self.impl != "auto":
+            return self.impl
+        return "flex" if q.is_cuda and flex.flex_refusal(q) is None else "blocked"
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, i: query positions, j: key positions, d: head dim
-        n = q.shape[-2]
-        if self.impl == "dense":
+        n, impl, key = q.shape[-2], self.resolved_impl(q), (q.shape[-2], causal, q.device)
+        if impl == "flex":
+            flex.check_flex_inputs(q, k, v)
+            block_mask = _cached(
+                self._block_masks, key, lambda: flex.build_block_mask(self.flex_mask_mod(*key), n, q.device)
+            )
+            return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale)
+        if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(n, causal), n, q.device), "i j -> 1 1 i j")
             if mask is not None:
                 allowed = allowed & rearrange(mask, "b j -> b 1 1 j")
             scores = einsum(q * self.scale, k, "b h i d, b h j d -> b h i j")  # before: q . k may overflow fp16
             return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
-        key = (n, causal, q.device)
-        if key not in self._layouts:
-            if len(self._layouts) == _CACHED_LAYOUTS:
-                self._layouts.pop(next(iter(self._layouts)))
-            self._layouts[key] = self.tile_layout(self.mask_mod(n, causal), n, causal, q.device)
-        return tiled_attention(q, k, v, self._layouts[key], mask, self.scale)
+        layout = _cached(self._layouts, key, lambda: self.tile_layout(self.mask_mod(n, causal), n, causal, q.device))
+        return tiled_attention(q, k, v, layout, mask, self.scale)
+
+
+def _cached(cache: dict, key: tuple, build: Callable[[], T]) -> T:
+    """``cache[key]``, built on a miss; the oldest entry goes when ``_CACHED_LAYOUTS`` are held."""
+    if key not in cache:
+        if len(cache) == _CACHED_LAYOUTS:
+            cache.pop(next(iter(cache)))
+        cache[key] = build()
+    return cache[key]
 
 
 def with_causal(mask_mod: MaskMod, causal: bool) -> MaskMod:
@@ -202,11 +235,12 @@ class LocalAttention(PatternAttention):
         max_seq_len: int | None = None,
         context: BuildContext | None = None,
         window: int = 256,
-        impl: Impl = "blocked",
+        impl: Impl = "auto",
     ) -> None:
         """``window``: w, even: each query sees the w/2 keys on each side and itself (Longformer's w; default
         256, the Longformer-257 of the Nystromformer comparison);
-        ``impl``: ``"blocked"`` (O(n w)) or ``"dense"`` (the (n, n) reference)."""
+        ``impl``: ``"auto"`` (flex on CUDA, blocked elsewhere), ``"flex"`` (FlexAttention), ``"blocked"``
+        (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, impl=impl)
         _check_window(window)
         self.window = window
@@ -253,7 +287,7 @@ class SparseAttention(PatternAttention):
         random_blocks: int | None = None,
         seed: int | None = None,
         global_placement: GlobalPlacement | None = None,
-        impl: Impl = "blocked",
+        impl: Impl = "auto",
     ) -> None:
         """``pattern`` picks the connectivity sets; each reads only its options (see ``PATTERN_OPTIONS``;
         passing another raises): ``stride`` l and ``summary_columns`` c (strided, fixed); ``block_size``
@@ -261,7 +295,8 @@ class SparseAttention(PatternAttention):
         ``global_tokens`` g: positions that attend and are attended everywhere, the first g (longformer) or
         as ``global_placement`` says (bigbird: ``"ends"``, the default, the first and last g/2 as in the
         authors' code; ``"start"`` the first g; default g = 2 block_size); ``random_blocks`` r and ``seed``
-        (bigbird)."""
+        (bigbird). ``impl`` as in ``"local"``: ``"auto"`` (flex on CUDA, blocked elsewhere), ``"flex"``,
+        ``"blocked"`` or ``"dense"``."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, impl=impl)
         given = dict(
             stride=stride,
@@ -290,6 +325,13 @@ class SparseAttention(PatternAttention):
         if self.pattern_name == "bigbird":
             return generate_bigbird(**self.options, seq_len=n, causal=causal)
         return _GENERATORS[self.pattern_name](**self.options)
+
+    def flex_mask_mod(self, n: int, causal: bool, device: torch.device) -> MaskMod:
+        if self.pattern_name != "bigbird":
+            return self.mask_mod(n, causal)
+        return with_causal(
+            flex.generate_bigbird_pointwise(**self.options, seq_len=n, causal=causal, device=device), causal
+        )
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         return still_reachable(self.pattern_name, self.options, positions, n)
@@ -358,7 +400,7 @@ class LongformerAttention(SparseAttention):
         context: BuildContext | None = None,
         window: int = 256,
         global_tokens: int = 1,
-        impl: Impl = "blocked",
+        impl: Impl = "auto",
     ) -> None:
         super().__init__(
             dim_head=dim_head,
@@ -398,7 +440,7 @@ class BigBirdAttention(SparseAttention):
         random_blocks: int = 3,
         seed: int = 0,
         global_placement: GlobalPlacement = "ends",
-        impl: Impl = "blocked",
+        impl: Impl = "auto",
     ) -> None:
         """``global_tokens`` g: None = two blocks (2 block_size, ITC's g = 2 counted in blocks);
         ``global_placement``: ``"ends"`` (default), the authors' ITC placement: the first g/2 and the last

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fit": ("tasks.cli", "run_fit", "train a task (LightningCLI; zoo fit -c configs/listops.yaml --help)"),
     "validate": ("tasks.cli", "run_validate", "evaluate a checkpoint on the validation split"),
     "test": ("tasks.cli", "run_test", "evaluate a checkpoint on the test split"),
+    "gpu-suite": ("experiments.gpu.suite", "main", "the GPU harness in one command, under a budget (--smoke: on CPU)"),
     "copy-baseline": ("tasks.translation_metrics", "main", "BLEU and chrF of a translation split's sources as output"),
 }
 

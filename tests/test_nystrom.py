@@ -122,7 +122,7 @@ def test_landmarks_are_segment_means_of_real_tokens(n, m):
     q, k, _ = qkv(3, n)
     mask = pad_mask(torch.tensor([n, n - 5, 3]), n)
     mask[0, 2] = False  # a hole, not only trailing padding
-    q_land, k_land, present = make(num_landmarks=m).landmarks(q, k, mask)
+    q_land, k_land, present = make(num_landmarks=m).landmarks(q, k, mask, torch.float64)
     expected_q, expected_present = loop_landmarks(q, mask, m)
     expected_k, _ = loop_landmarks(k, mask, m)
     torch.testing.assert_close(q_land, expected_q, rtol=0, atol=1e-12)

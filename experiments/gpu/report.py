@@ -1,0 +1,137 @@
+"""The GPU suite's ``report.md`` and grid plots, from the rows it recorded (``results.jsonl``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from experiments.gpu.measure import RAW_SDPA
+
+ENV_FIELDS = ("name", "capability", "sm_count", "l2_mb", "memory_gib", "driver", "cuda", "torch", "triton",
+              "xformers", "python", "gemm_dtype", "gemm_size", "peak_tflops", "copy_gbs")  # fmt: skip
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+
+
+def crossovers(rows: list[dict[str, Any]], grid: str) -> list[list[Any]]:
+    """Per (mechanism, mode): the shortest measured n from which it beats SDPA-flash at every longer n."""
+    times: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for row in rows:
+        if row.get("kind") == "measure" and row.get("grid") == grid and row.get("status") == "ok":
+            times[(row["label"], row["mode"])][row["seq_len"]] = row["time_ms"]
+    out = []
+    for (label, mode), by_n in sorted(times.items()):
+        flash = times.get((f"{RAW_SDPA} backend=flash", mode), {})
+        if label.startswith(RAW_SDPA):
+            continue
+        ns = sorted(n for n in by_n if n in flash)
+        faster = [by_n[n] < flash[n] for n in ns]
+        crossing = next((n for i, n in enumerate(ns) if all(faster[i:])), None)
+        longest = ns[-1] if ns else None
+        speedup = flash[longest] / by_n[longest] if longest else None
+        out.append([label, mode, crossing if crossing is not None else f"none up to {longest}", longest, speedup])
+    return out
+
+
+def write(out: Path, env: dict[str, Any], rows: list[dict[str, Any]], smoke: bool) -> None:
+    lines = ["# zoo gpu-suite" + (" (smoke: tiny sizes, not a measurement of the targets)" if smoke else ""), ""]
+    lines += ["## Environment", ""]
+    lines += _table(["field", "value"], [[k, env.get(k)] for k in ENV_FIELDS if k in env])
+    steps = [r for r in rows if r.get("kind") == "step"]
+    lines += ["", "## Steps", ""] + _table(
+        ["step", "status", "seconds", "detail"], [[r["step"], r["status"], r["seconds"], r["detail"]] for r in steps]
+    )
+    verdicts = [r for r in rows if r.get("kind") == "target"]
+    if verdicts:
+        first = verdicts[0]
+        setting = f"{first.get('dtype')}, {first.get('mode')}, B={first.get('batch')} H={first.get('heads')} " + (
+            f"d={first.get('dim_head')}"
+        )
+        lines += ["", f"## Targets ({setting}, against SDPA-flash in the same process)", ""]
+        lines += _table(
+            ["mechanism", "options", "n", "ms", "SDPA-flash ms", "speedup", "target", "met"],
+            [
+                [
+                    v["attention"],
+                    v.get("options"),
+                    v.get("seq_len"),
+                    v.get("time_ms"),
+                    v.get("sdpa_flash_ms"),
+                    v.get("speedup"),
+                    v["target"],
+                    {True: "yes", False: "NO", None: v.get("detail")}[v["met"]],
+                ]
+                for v in verdicts
+            ],  # fmt: skip
+        )
+    for compare in (r for r in rows if r.get("kind") == "compare"):
+        lines += ["", "## Compare (zoo compare, default task, one seed)", "", compare["summary_md"]]
+    measured = [r for r in rows if r.get("kind") == "measure" and r.get("grid") != "targets"]
+    by_grid: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in measured:
+        by_grid[row["grid"]].append(row)
+    for grid, grid_rows in by_grid.items():
+        lines += ["", f"## Grid: {grid}", ""]
+        lines += _table(
+            ["mechanism", "mode", "n", "status", "ms", "TFLOP/s", "peak MB", "x floor", "bound"],
+            [
+                [
+                    r["label"],
+                    r["mode"],
+                    r["seq_len"],
+                    r["status"] if r["status"] == "ok" else r.get("detail"),
+                    r.get("time_ms"),
+                    r.get("tflops"),
+                    r.get("peak_mb"),
+                    r.get("of_floor"),
+                    r.get("bound"),
+                ]
+                for r in grid_rows
+            ],  # fmt: skip
+        )
+        if grid != "registry":
+            lines += ["", f"Crossovers against SDPA-flash ({grid}):", ""]
+            headers = ["mechanism", "mode", "faster from n", "longest n", "speedup there"]
+            lines += _table(headers, crossovers(rows, grid))
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_grids(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Time against n, log-log, one figure per (grid, mode) of the length grids."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        if row.get("kind") == "measure" and row.get("status") == "ok" and row["grid"] not in ("targets", "registry"):
+            series[(row["grid"], row["mode"])][row["label"]].append((row["seq_len"], row["time_ms"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for (grid, mode), lines in sorted(series.items()):
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for label, points in sorted(lines.items()):
+            ns, ms = zip(*sorted(points), strict=True)
+            axes.plot(ns, ms, marker="o", label=label, linestyle="--" if label.startswith(RAW_SDPA) else "-")
+        axes.set(xscale="log", yscale="log", xlabel="sequence length n", ylabel="ms per call (median)",
+                 title=f"{grid}: {mode}")  # fmt: skip
+        axes.legend(fontsize=7)
+        figure.tight_layout()
+        path = folder / f"{grid}_{mode.replace('+', '_')}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        paths.append(path)
+    return paths

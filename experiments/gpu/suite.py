@@ -1,0 +1,305 @@
+"""``zoo gpu-suite``: everything a lent GPU must show, in one command, under a time budget.
+
+    zoo gpu-suite --out OUT [--budget-min 8] [--steps environment,targets,...] [--smoke]
+
+Steps, in the order of their value; each is timed and recorded with its status, and a failing, cut or
+skipped step never loses the others' results:
+
+1. ``environment``: device, driver, CUDA, torch, triton and xformers versions, SM count, and the two
+   ceilings measured in the run: a bf16 matrix product's rate and a device-to-device copy's bandwidth.
+2. ``targets``: the GPU targets (:mod:`experiments.gpu.targets`), each against SDPA-flash in this process.
+3. ``conformance``: ``tests/test_device_conformance.py`` and ``tests/test_sparse_flex.py`` with
+   ``ZOO_TEST_DEVICE=cuda`` (every mechanism in fp32, bf16 and fp16 against float64), then every test
+   marked ``cuda``.
+4. ``compare``: ``zoo compare`` on the embedded default task, one seed, on the GPU: training, throughput
+   and peak memory (``max_memory_allocated``) as its runs log them.
+5. ``grids``: :mod:`experiments.gpu.grids` (per-mechanism floors, Nystromformer-table crossovers against
+   flash, Linformer Table 3), each length only while the budget lasts.
+
+What comes back is at most 7 files, flat under ``--out``: ``report.md``, ``results.jsonl`` (one line per
+measurement, target verdict and step), ``env.json``, ``pytest.log``, ``compare.log``, ``compare.tar.gz``
+(the comparison's summary, plots and TensorBoard logs, no checkpoints) and ``plots.tar.gz``. The report is
+rewritten after every step, so a run killed at its limit still hands back what it finished.
+
+``--smoke`` runs every step at tiny sizes on whatever device is present (CPU here), with a subset of the
+conformance tests: the harness's own test (``tests/test_gpu_suite.py``). Without it the suite needs CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.gpu import environment, grids, report, targets
+from experiments.gpu.measure import Workload, measure
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = ("environment", "targets", "conformance", "compare", "grids")
+#: the largest share of the whole budget one subprocess step may take
+STEP_SHARE = {"conformance": 0.35, "compare": 0.3}
+CONFORMANCE_FILES = ("tests/test_device_conformance.py", "tests/test_sparse_flex.py")
+SMOKE_CONFORMANCE = ("-k", "float32 and (full or local)")
+SMOKE_COMPARE_ARGS = [
+    "--data.seq_len=64", "--data.train_size=32", "--data.val_size=16", "--data.test_size=16",
+    "--data.batch_size=8", "--model.dim=16", "--model.warmup_steps=1", "--trainer.max_steps=2",
+    "--trainer.val_check_interval=2", "--trainer.log_every_n_steps=1",
+]  # fmt: skip
+SMOKE_ATTENTIONS = "full,local:window=8"
+
+
+class StepFailed(Exception):
+    """A step that ran to its end but failed (a test failed, a run crashed); its results are kept."""
+
+
+class StepCut(Exception):
+    """A step that the budget ended before its end; what it measured is kept."""
+
+
+class Budget:
+    def __init__(self, minutes: float) -> None:
+        self.seconds, self.start = minutes * 60, time.monotonic()
+
+    def remaining(self) -> float:
+        return self.seconds - (time.monotonic() - self.start)
+
+
+class Suite:
+    def __init__(self, out: Path, budget: Budget, smoke: bool, device: str) -> None:
+        self.out, self.budget, self.smoke, self.device = out, budget, smoke, device
+        self.work = Path(tempfile.mkdtemp(prefix="zoo-gpu-suite-"))
+        self.rows: list[dict[str, Any]] = []
+        self.env: dict[str, Any] = {}
+        self.base = (
+            Workload("", 128, dtype="float32", device=device, batch=1, heads=2, dim_head=16)
+            if smoke
+            else Workload("", 8192, device=device)
+        )
+        self.warmup, self.repeats = (1, 2) if smoke else (3, 10)
+        self.results = open(out / "results.jsonl", "a")  # noqa: SIM115 (held for the whole run, flushed per row)
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self.results.write(json.dumps(row, default=str) + "\n")
+        self.results.flush()
+
+    def run_step(self, name: str, step: Callable[[float], str]) -> None:
+        remaining = self.budget.remaining()
+        allotted = min(remaining, STEP_SHARE.get(name, 1.0) * self.budget.seconds)
+        begin = time.monotonic()
+        if remaining <= 0:
+            status, detail = "skipped", "budget spent"
+        else:
+            print(f"[gpu-suite] {name} (up to {allotted:.0f} s)", flush=True)
+            try:
+                status, detail = "ok", step(allotted)
+            except StepFailed as exc:
+                status, detail = "failed", str(exc)
+            except StepCut as exc:
+                status, detail = "cut", str(exc)
+            except Exception as exc:  # a failing step never stops the others
+                status, detail = "failed", f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+        seconds = time.monotonic() - begin
+        self.record({"kind": "step", "step": name, "status": status, "seconds": round(seconds, 1), "detail": detail})
+        print(f"[gpu-suite] {name}: {status} in {seconds:.0f} s {detail}", flush=True)
+        report.write(self.out, self.env, self.rows, self.smoke)
+
+    def environment(self, allotted: float) -> str:
+        self.env = environment.describe(self.device)
+        dtype = torch.float32 if self.smoke else torch.bfloat16
+        size, nbytes = (256, 2**23) if self.smoke else (8192, 2**31)
+        self.env["gemm_dtype"], self.env["gemm_size"] = str(dtype).removeprefix("torch."), size
+        self.env["peak_tflops"] = environment.gemm_peak_tflops(self.device, dtype, size)
+        self.env["copy_gbs"] = environment.copy_bandwidth_gbs(self.device, nbytes)
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        (self.out / "env.json").write_text(json.dumps(self.env, indent=2, default=str) + "\n")
+        return f"{self.env.get('name')}: {self.env['peak_tflops']:.1f} TFLOP/s, {self.env['copy_gbs']:.0f} GB/s"
+
+    def _measure(self, workload: Workload, grid: str) -> dict[str, Any]:
+        repeats = self.repeats * (2 if grid == "targets" else 1)
+        row = measure(workload, warmup=self.warmup, repeats=repeats, peak_tflops=self.env.get("peak_tflops"),
+                      bandwidth_gbs=self.env.get("copy_gbs"))  # fmt: skip
+        row = {"kind": "measure", "grid": grid} | row
+        self.record(row)
+        return row
+
+    def targets(self, allotted: float) -> str:
+        met = []
+        for target in targets.TARGETS:
+            if self.budget.remaining() <= 0:
+                raise StepCut(f"budget spent after {len(met)} of {len(targets.TARGETS)} targets")
+            reference = self._measure(targets.baseline(target, self.base, self.smoke), "targets")
+            row = self._measure(target.workload(self.base, self.smoke), "targets")
+            verdict = targets.evaluate(target, row, reference)
+            self.record({"kind": "target", "smoke": self.smoke} | verdict)
+            met.append(verdict["met"])
+        return f"{sum(m is True for m in met)} of {len(met)} met" + (" (smoke sizes: not a claim)" * self.smoke)
+
+    def conformance(self, allotted: float) -> str:
+        deadline = time.monotonic() + allotted
+        env = os.environ | {"ZOO_TEST_DEVICE": self.device, "PYTHONPATH": _pythonpath()}
+        runs = [[*CONFORMANCE_FILES, *SMOKE_CONFORMANCE]] if self.smoke else [list(CONFORMANCE_FILES)]
+        if not self.smoke:
+            runs.append(["-m", "cuda", *_files_with_cuda_tests()])
+        outcomes = []
+        with open(self.out / "pytest.log", "a") as log:
+            for args in runs:
+                verbosity = "-q" if self.smoke else "-v"  # -v: a run stopped by the budget still names each result
+                options = [verbosity, "-rfE", "--durations=10", "-p", "no:cacheprovider"]
+                command = [sys.executable, "-m", "pytest", *options, *args]
+                outcomes.append(_run_logged(command, env, log, deadline - time.monotonic()))
+        detail = "; ".join(text for _, text in outcomes)
+        _raise_unless_ok([status for status, _ in outcomes], detail)
+        return detail
+
+    def compare(self, allotted: float) -> str:
+        command = [sys.executable, "-m", "experiments.cli", "compare", "--seeds", "1",
+                   "--experiment", "gpu-compare", "--runs_dir", str(self.work / "runs")]  # fmt: skip
+        if self.smoke:
+            command += ["--attentions", SMOKE_ATTENTIONS, "--fit_args", json.dumps(SMOKE_COMPARE_ARGS)]
+        env = os.environ | {"PYTHONPATH": _pythonpath(), "ZOO_CACHE": str(self.work / "cache")}
+        with open(self.out / "compare.log", "a") as log:
+            status, summary = _run_logged(command, env, log, allotted)
+        experiment = self.work / "runs" / "gpu-compare"
+        if experiment.exists():
+            with tarfile.open(self.out / "compare.tar.gz", "w:gz") as archive:
+                archive.add(experiment, arcname="gpu-compare", filter=_no_checkpoints)
+            summary_md = experiment / "summary.md"
+            if summary_md.exists():
+                self.record({"kind": "compare", "summary_md": summary_md.read_text()})
+        _raise_unless_ok([status], summary)
+        return summary
+
+    def grids(self, allotted: float) -> str:
+        done = cut = 0
+        for grid in grids.grids(self.smoke):
+            slow: set[tuple[str, str, str]] = set()  # (label, mode): stopped at a length that failed
+            for workload in grid.workloads(self.base, self.smoke):
+                key = (workload.label, workload.mode, workload.dtype)
+                if self.budget.remaining() <= 0:
+                    cut += 1
+                    continue
+                if key in slow:
+                    continue
+                row = self._measure(workload, grid.name)
+                done += 1
+                if row["status"] != "ok":
+                    slow.add(key)  # an OOM at n never succeeds at 2n
+        figures = report.plot_grids(self.rows, self.work / "plots")
+        if figures:
+            with tarfile.open(self.out / "plots.tar.gz", "w:gz") as archive:
+                for figure in figures:
+                    archive.add(figure, arcname=figure.name)
+        if cut:
+            raise StepCut(f"{done} workloads measured, {cut} left out by the budget")
+        return f"{done} workloads measured"
+
+    def close(self) -> None:
+        self.results.close()
+        report.write(self.out, self.env, self.rows, self.smoke)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _allow_recompiles(limit: int = 64) -> None:
+    """The grids call the compiled FlexAttention kernel with many patterns, lengths and dtypes in one process;
+    past dynamo's recompile limit (8) it would fall back to the eager dense path and time that instead."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+
+
+def _raise_unless_ok(statuses: list[str], detail: str) -> None:
+    if "failed" in statuses:
+        raise StepFailed(detail)
+    if "cut" in statuses:
+        raise StepCut(detail)
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def _files_with_cuda_tests() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
+
+
+def _no_checkpoints(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if info.name.endswith(".ckpt") else info
+
+
+def _run_logged(command: list[str], env: dict[str, str], log: Any, timeout: float) -> tuple[str, str]:
+    """Run ``command`` in the repository, its output streamed into ``log`` (a run stopped at its time limit
+    keeps what it printed): ``ok``, ``failed`` (exit code not 0) or ``cut`` (the budget), and its last line."""
+    log.write(f"$ {' '.join(command)}\n")
+    log.flush()
+    if timeout <= 0:
+        return "cut", "not run: budget spent"
+    start = log.tell()
+    try:
+        code = subprocess.run(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+        ).returncode
+    except subprocess.TimeoutExpired:
+        log.write(f"\n[gpu-suite] stopped after {timeout:.0f} s (budget)\n")
+        return "cut", f"stopped after {timeout:.0f} s (budget)"
+    log.flush()
+    with open(log.name) as output:
+        output.seek(start)
+        last = next((line for line in reversed(output.read().splitlines()) if line.strip()), "")
+    return "ok" if code == 0 else "failed", f"exit {code}: {last.strip('= ')}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zoo gpu-suite", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="results folder (at most 7 files, flat)")
+    parser.add_argument("--budget-min", type=float, default=8.0, help="minutes for the whole suite (default 8)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is present")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        print(f"zoo gpu-suite: unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    if args.budget_min <= 0:
+        print(f"zoo gpu-suite: --budget-min must be > 0, got {args.budget_min}", file=sys.stderr)
+        return 2
+    if not args.smoke and not torch.cuda.is_available():
+        print("zoo gpu-suite: CUDA is not available here; --smoke runs the suite at tiny sizes on CPU", file=sys.stderr)
+        return 2
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _allow_recompiles()
+    args.out.mkdir(parents=True, exist_ok=True)
+    suite = Suite(args.out, Budget(args.budget_min), args.smoke, device)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a killed run still writes its report
+    try:
+        if "environment" not in steps:
+            suite.env = environment.describe(device)
+        for name in (s for s in STEPS if s in steps):
+            suite.run_step(name, getattr(suite, name))
+    except KeyboardInterrupt:
+        print("[gpu-suite] interrupted: writing the report of what finished", flush=True)
+        return 130
+    finally:
+        suite.close()
+        signal.signal(signal.SIGTERM, previous)
+    return 0

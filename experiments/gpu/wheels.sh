@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Download, here, the wheels that the lent GPU machine's image lacks, into the git-ignored folder .whl/
+# (the device tool's `carry`). That image has Python 3.12, torch 2.11 + CUDA 13, lightning, einops,
+# tensorboard, torchmetrics, rich, sacrebleu, tokenizers, matplotlib, scipy, transformers, pytest and
+# hypothesis (/work/.library/device/KINDS.md); it lacks jsonargparse (LightningCLI, zoo compare) with
+# its signature extras, and xformers. xformers 0.0.35 is the release built against torch >= 2.10
+# (0.0.34 pins torch 2.10.0 and weighs 110 MB). `datasets` is not fetched: nothing in the GPU suite
+# reads Hugging Face datasets.
+#
+#   bash experiments/gpu/wheels.sh                     # then: run(carry=[".whl"], command=...)
+#
+# On the GPU machine, never replacing its torch:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site:$PWD
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+WHEELS=(
+    "jsonargparse==4.53.0"
+    "docstring-parser==0.18.0"
+    "typeshed-client==2.15.0"
+    "xformers==0.0.35"
+)
+mkdir -p .whl
+for wheel in "${WHEELS[@]}"; do
+    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl "$wheel"
+done
+ls -l .whl
+du -sh .whl

@@ -1,0 +1,195 @@
+"""The sparse family's FlexAttention path (``impl="flex"``, and ``impl="auto"``'s choice of it).
+
+On the CPU, FlexAttention runs only as torch's eager fallback, forward only: there ``impl="flex"`` must equal
+``impl="dense"`` (the (n, n) reference from the same mask function) in float64 to 1e-10 for every pattern,
+causal and not, with key padding that empties whole rows (a fully padded sequence; left padding, so the first
+causal queries have no allowed key), and those rows must be exactly zero. One comparison uses a reference
+written out here from the pattern's definition, independent of the library's mask functions. ``auto`` picks
+the blocked kernel on the CPU, and training with ``impl="flex"`` there fails with a message naming
+``impl='blocked'``.
+
+On CUDA (``@pytest.mark.cuda``, skipped elsewhere): the compiled kernel, forward and backward, in float32,
+bfloat16 and float16 at n = 1024 and 2048 with head dim 64, against the dense path run in float64 on the same
+inputs. The bound is on the relative error ||x - ref|| / ||ref|| of the output and of each gradient: float32
+1e-3 (TF32 matmuls, where enabled, round to 10 mantissa bits), bfloat16 2e-2 (8 bits), float16 5e-3 (11 bits).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+import attention_zoo as az
+from attention_zoo.masks import pad_mask
+from attention_zoo.sparse_patterns import dense_mask
+
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+]
+
+TIGHT = dict(rtol=0.0, atol=1e-10)  # float64: equal up to summation order
+HEADS, DIM_HEAD = 2, 16
+
+CONFIGS = [
+    ("local", {"window": 8}),
+    ("sparse", {"pattern": "strided", "stride": 6}),
+    ("sparse", {"pattern": "fixed", "stride": 8, "summary_columns": 2}),
+    ("sparse", {"pattern": "blockwise", "block_size": 8}),
+    ("sparse", {"pattern": "longformer", "window": 8, "global_tokens": 2}),
+    ("sparse", {"pattern": "bigbird", "block_size": 4, "global_tokens": 4, "random_blocks": 1}),
+    ("bigbird", {"block_size": 4, "random_blocks": 1, "global_placement": "start"}),
+    ("bigbird", {"block_size": 5, "window_blocks": 1, "global_tokens": 2, "random_blocks": 2, "seed": 7}),
+]
+IDS = [f"{name}-{'-'.join(map(str, options.values()))}" for name, options in CONFIGS]
+
+
+def make(name: str, options: dict, dim_head: int = DIM_HEAD, **extra) -> az.AttentionCore:
+    return az.create_attention(name, dim_head=dim_head, heads=HEADS, **options, **extra)
+
+
+def inputs(b: int, n: int, dim_head: int = DIM_HEAD, dtype=torch.float64, seed: int = 0) -> list[Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, HEADS, n, dim_head, generator=generator, dtype=dtype) for _ in range(3)]
+
+
+def padding(n: int) -> Tensor:
+    """Right padding, left padding (the first 10 keys: early causal queries see nothing) and all padding."""
+    mask = pad_mask(torch.tensor([n, n - 11, n, 0]), n)
+    mask[2, :10] = False
+    return mask
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_flex_equals_dense(name, options, causal):
+    flex, dense = make(name, options, impl="flex"), make(name, options, impl="dense")
+    for n in (32, 48):  # one core for all: a second length and the key padding reuse its traces
+        q, k, v = inputs(4, n)
+        for mask in (None, padding(n)):
+            with torch.no_grad():
+                out = flex(q, k, v, mask=mask, causal=causal)
+                expected = dense(q, k, v, mask=mask, causal=causal)
+            torch.testing.assert_close(out, expected, **TIGHT, msg=f"n={n}, padded={mask is not None}")
+            if mask is not None:
+                assert torch.equal(out[3], torch.zeros_like(out[3])), "a fully padded sequence gives zeros"
+            if mask is not None and causal:  # queries 0..9 of the left-padded sequence have no allowed key
+                assert torch.equal(out[2, :, :10], torch.zeros_like(out[2, :, :10]))
+    assert set(flex._block_masks) == {(n, causal, torch.device("cpu")) for n in (32, 48)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [20, 37, 64])
+@pytest.mark.parametrize(("name", "options"), [c for c in CONFIGS if "bigbird" in (c[0], c[1].get("pattern"))])
+def test_bigbird_pointwise_mask_is_the_pattern(name, options, n, causal):
+    """The compiled kernel needs a pointwise mask function; BigBird's is rewritten for it and must be the same."""
+    core = make(name, options)
+    pointwise = core.flex_mask_mod(n, causal, torch.device("cpu"))
+    assert torch.equal(dense_mask(pointwise, n), dense_mask(core.mask_mod(n, causal), n))
+
+
+def test_flex_equals_a_reference_written_from_the_definition():
+    """Causal local attention, w = 8: query i sees keys j with i - 4 <= j <= i, minus padded keys; written out
+    here with loops and an explicit softmax, sharing no code with the library."""
+    n, half = 40, 4
+    q, k, v = inputs(4, n, seed=1)
+    mask = padding(n)
+    allowed = torch.zeros(4, 1, n, n, dtype=torch.bool)
+    for b in range(4):
+        for i in range(n):
+            for j in range(n):
+                allowed[b, 0, i, j] = i - half <= j <= i and bool(mask[b, j])
+    scores = (q @ k.transpose(-1, -2)) / DIM_HEAD**0.5
+    scores = torch.where(allowed, scores, float("-inf"))
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True).nan_to_num(neginf=0.0))
+    total = weights.sum(dim=-1, keepdim=True)
+    expected = (weights / torch.where(total > 0, total, 1.0)) @ v
+    with torch.no_grad():
+        out = make("local", {"window": 8}, impl="flex")(q, k, v, mask=mask, causal=True)
+    torch.testing.assert_close(out, expected, **TIGHT)
+    empty = ~allowed.any(dim=-1)  # (B, 1, N): rows with no allowed key
+    assert empty[2, 0, :10].all() and empty[3].all()
+    assert torch.equal(out.masked_select(empty[..., None]), torch.zeros(int(empty.sum()) * HEADS * DIM_HEAD).double())
+
+
+def test_auto_runs_blocked_on_cpu():
+    core = make("sparse", {"pattern": "blockwise", "block_size": 8})
+    assert core.impl == "auto"
+    q, k, v = inputs(1, 32, dtype=torch.float32)
+    assert core.resolved_impl(q) == "blocked"
+    out = core(q, k, v, causal=True)
+    assert core._layouts and not core._block_masks
+    torch.testing.assert_close(
+        out, make("sparse", {"pattern": "blockwise", "block_size": 8}, impl="blocked")(q, k, v, causal=True)
+    )
+
+
+def test_training_with_flex_on_cpu_is_a_clear_error():
+    core = make("local", {"window": 8}, impl="flex")
+    q, k, v = (t.requires_grad_(True) for t in inputs(2, 32))
+    with pytest.raises(ValueError, match="impl='blocked'"):
+        core(q, k, v, causal=True)
+    with torch.no_grad():  # the forward alone runs
+        assert core(q, k, v, causal=True).shape == q.shape
+
+
+def test_flex_refuses_head_dims_below_16():
+    with pytest.raises(ValueError, match="dim_head >= 16.*got 8"):
+        make("local", {"window": 8}, dim_head=8, impl="flex")
+    core = make("local", {"window": 8}, dim_head=8)  # auto: falls back to blocked wherever it runs
+    q, k, v = inputs(1, 32, dim_head=8)
+    assert core.resolved_impl(q) == "blocked"
+
+
+# --- CUDA: the compiled kernel ------------------------------------------------------------------------------
+
+CUDA_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+CUDA_CONFIGS = [
+    ("local", {"window": 256}, True),
+    ("bigbird", {"block_size": 64, "random_blocks": 3}, False),
+]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def relative_error(x: Tensor, ref: Tensor) -> float:
+    return float((x.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("n", [1024, 2048])
+@pytest.mark.parametrize("dtype", list(CUDA_TOLERANCE), ids=str)
+@pytest.mark.parametrize(("name", "options", "causal"), CUDA_CONFIGS, ids=[c[0] for c in CUDA_CONFIGS])
+def test_flex_matches_float64_dense_on_cuda(name, options, causal, dtype, n):
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for _ in range(4))
+    mask = pad_mask(torch.tensor([n, n - 100]), n).cuda()
+    mask[1, :300] = False  # left padding wider than the window: the first causal queries see no key
+    runs = {}
+    for impl, run_dtype in (("flex", dtype), ("dense", torch.float64)):
+        leaves = [t.to(run_dtype).requires_grad_(True) for t in (q, k, v)]
+        core = az.create_attention(name, dim_head=64, heads=4, impl=impl, **options)
+        out = core(*leaves, mask=mask, causal=causal)
+        out.backward(grad.to(run_dtype))
+        runs[impl] = [out.detach()] + [t.grad for t in leaves]
+    for what, x, ref in zip(("out", "dq", "dk", "dv"), runs["flex"], runs["dense"], strict=True):
+        assert x.dtype == dtype and torch.isfinite(x).all(), what
+        error = relative_error(x, ref)
+        print(f"{name} n={n} {dtype} {what}: relative error {error:.2e}")
+        assert error <= CUDA_TOLERANCE[dtype], f"{what}: relative error {error:.2e}"
+    if causal:
+        assert torch.equal(runs["flex"][0][1, :, :300], torch.zeros_like(runs["flex"][0][1, :, :300]))
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_auto_runs_flex_on_cuda():
+    q, k, v = (torch.randn(1, 4, 256, 64, device="cuda") for _ in range(3))
+    core = az.create_attention("local", dim_head=64, heads=4, window=64)
+    assert core.resolved_impl(q) == "flex"
+    out = core(q, k, v, causal=True)
+    assert core._block_masks and not core._layouts
+    expected = az.create_attention("local", dim_head=64, heads=4, window=64, impl="dense")(q, k, v, causal=True)
+    assert relative_error(out, expected.double()) <= CUDA_TOLERANCE[torch.float32]
+    assert core.resolved_impl(q.double()) == "blocked"  # a dtype the compiled kernel does not take
