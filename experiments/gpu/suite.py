@@ -270,11 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--budget-min", type=float, default=8.0, help="minutes for the whole suite (default 8)")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is present")
+    parser.add_argument("--report-only", action="store_true", help="only rewrite report.md from --out's results")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.report_only:
+        if not (args.out / "results.jsonl").exists():
+            print(f"zoo gpu-suite: {args.out} holds no results.jsonl", file=sys.stderr)
+            return 2
+        report.rebuild(args.out)
+        return 0
     steps = [s for s in args.steps.split(",") if s]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:

@@ -3,9 +3,11 @@
 # (the device tool's `carry`). That image has Python 3.12, torch 2.11 + CUDA 13, lightning, einops,
 # tensorboard, torchmetrics, rich, sacrebleu, tokenizers, matplotlib, scipy, transformers, pytest and
 # hypothesis (/work/.library/device/KINDS.md); it lacks jsonargparse (LightningCLI, zoo compare) with
-# its signature extras, and xformers. xformers 0.0.35 is the release built against torch >= 2.10
-# (0.0.34 pins torch 2.10.0 and weighs 110 MB). `datasets` is not fetched: nothing in the GPU suite
-# reads Hugging Face datasets.
+# its signature extras. `datasets` is not fetched: nothing in the GPU suite reads Hugging Face datasets.
+# No xformers: on PyPI, 0.0.35 is the newest (it declares torch >= 2.10), but its C++/CUDA extensions were
+# built for torch 2.10.0+cu128 and Python 3.10; on the H200's torch 2.11.0+cu130 / Python 3.12 they do not
+# load, and memory_efficient_attention finds no operator (experiments/results/gpu-h200/cuda_marked.log).
+# 0.0.34 pins torch 2.10.0 and weighs 110 MB, over the device tool's 64 MiB.
 #
 #   bash experiments/gpu/wheels.sh                     # then: run(carry=[".whl"], command=...)
 #
@@ -18,7 +20,6 @@ WHEELS=(
     "jsonargparse==4.53.0"
     "docstring-parser==0.18.0"
     "typeshed-client==2.15.0"
-    "xformers==0.0.35"
 )
 mkdir -p .whl
 for wheel in "${WHEELS[@]}"; do
