@@ -15,8 +15,10 @@ Kernel. :class:`TiledAttention` computes, per batch item and chunk of tiles, all
 S = Q_t K_t^T / sqrt(d) on the gathered keys, masked, and merges exp(S - m) V_t into each row's running
 max m, sum and output (online softmax, as FlashAttention does). It keeps only O and the row log-sum-exp;
 the backward recomputes P = exp(S - lse) from them, dS = P * (dP - rowsum(dO * O)) with dP = dO V_t^T,
-and scatters dQ, dK, dV back with ``index_add_``. Per-chunk temporaries are small (about 2 MB) so that
-the allocator reuses them instead of faulting fresh pages. Rows that may see no key give zeros, never NaN.
+and scatters dQ, dK, dV back with ``index_add_``. On the CPU per-chunk temporaries are small (about 2 MB)
+so that the allocator reuses them instead of faulting fresh pages; on an accelerator they take the much
+larger budget of :mod:`attention_zoo.chunking`, so that a chunk is a few kernel launches over many tiles
+rather than over a few. Rows that may see no key give zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from einops import rearrange, repeat
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from attention_zoo import chunking
 from attention_zoo.sparse_patterns import MaskMod
 
-#: elements of the largest per-chunk temporary: ~2 MB in float32, small enough to stay in the heap
+#: elements of the largest per-chunk temporary on the CPU: ~2 MB in float32, small enough to stay in the heap
+#: (other devices: :mod:`attention_zoo.chunking`)
 _CHUNK_ELEMENTS = 1 << 19
 #: a tile joins a group while its key count is at least this fraction of the group's largest
 _GROUP_FILL = 0.75
@@ -117,12 +121,13 @@ def tiled_attention(
     return TiledAttention.apply(q, k, v, layout, key_padding, scale).to(dtype)
 
 
-def _chunks(layout: tuple[TileGroup, ...], heads: int, dim: int):
-    """(group, tile slice) pairs, each holding about ``_CHUNK_ELEMENTS`` scores (H, t, T, K) or gathered
-    keys (H, t, K, D) across heads, whichever is larger."""
+def _chunks(layout: tuple[TileGroup, ...], heads: int, dim: int, device: torch.device):
+    """(group, tile slice) pairs, each holding about ``chunk_elements(device, _CHUNK_ELEMENTS)`` scores
+    (H, t, T, K) or gathered keys (H, t, K, D) across heads, whichever is larger."""
+    budget = chunking.chunk_elements(device, _CHUNK_ELEMENTS)
     for group in layout:
         tiles, tile, width = group.blocked.shape
-        step = max(1, _CHUNK_ELEMENTS // (heads * max(tile, dim) * width))
+        step = max(1, budget // (heads * max(tile, dim) * width))
         for first in range(0, tiles, step):
             yield group, slice(first, first + step)
 
@@ -138,7 +143,7 @@ class TiledAttention(torch.autograd.Function):
         row_max = q.new_full((batch, heads, padded), float("-inf"))
         row_sum = q.new_zeros(batch, heads, padded)
         for b in range(batch):
-            for group, part in _chunks(layout, heads, dim):
+            for group, part in _chunks(layout, heads, dim, q.device):
                 queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
                 scores = _masked_scores(queries, keys, group, part, key_padding, b)
                 rows = group.rows[part].flatten()
@@ -173,7 +178,7 @@ class TiledAttention(torch.autograd.Function):
         grad_q = q.new_zeros(batch, heads, lse.shape[-1], dim)
         grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
         for b in range(batch):
-            for group, part in _chunks(layout, heads, dim):
+            for group, part in _chunks(layout, heads, dim, q.device):
                 queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
                 rows, slots = group.rows[part], group.key_index[part].flatten()
                 tile = rows.shape[1]

@@ -31,6 +31,8 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from attention_zoo.catalog import names_with
+
 
 @dataclass
 class BuildContext:
@@ -143,9 +145,39 @@ class AttentionCore(nn.Module):
         self.max_seq_len = max_seq_len
         self.context = context if context is not None else BuildContext()
         self.scale = dim_head**-0.5
+        #: options whose size a sequence length bounds (see :meth:`bound_by_length`)
+        self._length_bounds: dict[str, tuple[int, int, int, int]] = {}
+
+    def bound_by_length(
+        self, option: str, value: int, *, default: int, per_position: int = 1, minimum: int = 1
+    ) -> None:
+        """Declare that option ``option`` (``value``; ``default`` when not given) is a size a sequence length n
+        bounds: at most ``per_position * n`` (e.g. 2 for Longformer's window, w/2 keys on each side), or the
+        default when that is larger (a default is never refused). Checked now against ``max_seq_len``; a core
+        built without one checks each call against its key length, with the same message, before anything is
+        allocated for the option."""
+        self._length_bounds[option] = (value, default, per_position, minimum)
+        if self.max_seq_len is not None:
+            self.check_length_bounds(self.max_seq_len, "max_seq_len")
+
+    def check_length_bounds(self, n: int, source: str) -> None:
+        """Refuse a declared option larger than a length ``n`` (``max_seq_len``, or a call's key length) allows."""
+        for option, (value, default, per_position, minimum) in self._length_bounds.items():
+            limit = per_position * n
+            if value <= max(limit, default):
+                continue
+            length = f"{per_position} x {source}={n}" if per_position != 1 else f"{source}={n}"
+            why = f"{length}" if limit >= default else f"its default; {length} allows less"
+            hint = "" if source == "max_seq_len" else "; build the core with max_seq_len to have it checked when built"
+            raise ValueError(
+                f"attention {self.name or type(self).__name__!r}: {option}={value} must be in "
+                f"[{minimum}, {max(limit, default)}] ({why}){hint}"
+            )
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
         self.check_inputs(q, k, v, mask, causal)
+        if self.max_seq_len is None:
+            self.check_length_bounds(k.shape[-2], "the key length")
         if q.numel() == 0 or k.shape[-2] == 0:
             return q.new_zeros(q.shape)
         if mask is not None:
@@ -177,6 +209,8 @@ class AttentionCore(nn.Module):
             raise ValueError(
                 f"{self.name}.decode: q and k must cover the same new positions; got {t} and {k.shape[-2]}"
             )
+        if self.max_seq_len is None:
+            self.check_length_bounds(total, "the decoded length")
         if self.max_seq_len is not None and total > self.max_seq_len:
             raise ValueError(
                 f"{self.name}.decode: position {total} exceeds max_seq_len={self.max_seq_len} it was built for"
@@ -228,6 +262,9 @@ class AttentionCore(nn.Module):
 
     def check_inputs(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> None:
         name = self.name or type(self).__name__
+        if not isinstance(causal, bool):
+            # 1, "yes" or a tensor would be taken as truthy (and "no" too): only the two bools are accepted
+            raise ValueError(f"{name}: causal must be True or False (a bool), got {causal!r}")
         for label, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, Tensor):
                 raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(t).__name__}")
@@ -284,6 +321,11 @@ class AttentionCore(nn.Module):
                 f"{name}: inputs are {q.dtype} but the core's parameters are {weights.dtype}; build the core in the "
                 f"inputs' dtype (core.to({q.dtype})) or run it under torch.autocast"
             )
+        if self.needs_shared_qk and not _same_tensor(q, k):
+            raise ValueError(
+                f"{name} shares one projection for queries and keys (needs_shared_qk): pass k = q (the same "
+                "tensor), got a different k; MultiHeadAttention does this for you"
+            )
 
     @classmethod
     def causal_alternative(cls) -> str:
@@ -323,18 +365,23 @@ class _RefuseDoubleBackward(torch.autograd.Function):
         return grad, None
 
 
+def _same_tensor(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are one tensor: the same object, or views of the same memory (torch.utils.checkpoint
+    with use_reentrant=True detaches each argument separately)."""
+    if a is b:
+        return True
+    same_view = (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
+    return same_view and a.numel() > 0 and a.data_ptr() == b.data_ptr() and a.storage_offset() == b.storage_offset()
+
+
 def zero_padded(t: Tensor, mask: Tensor) -> Tensor:
     """``t`` (B, H, N, D) with padded positions (mask False) set to 0, so 0 * NaN never happens downstream."""
     return t.masked_fill(~rearrange(mask, "b n -> b 1 n 1"), 0.0)
 
 
 def _double_backward_cores() -> list[str]:
-    from attention_zoo.registry import list_attentions
-
-    return list_attentions(double_backward=True)
+    return names_with(supports_double_backward=True)
 
 
 def _causal_cores() -> list[str]:
-    from attention_zoo.registry import list_attentions
-
-    return list_attentions(causal=True)
+    return names_with(supports_causal=True)

@@ -35,10 +35,6 @@ refuse causal masking or leak); use ``linformer_causal``. Not exact, except in t
 (``mean_pool`` / ``max_pool`` with k = n). Theorem 2's existence argument needs a vanishing scale on E;
 Linformer with random E, F is *not* close to softmax attention - learned projections are what make it
 work.
-
-Measured (``zoo targets``: CPU, 1 thread, B=1, H=8, D=64, fp32, fwd+bwd, k=256, defaults): n=4096 in
-110-117 ms vs 914-920 ms for full (SDPA), 7.8-8.4x; t(8192)/t(2048) = 4.2. ``sharing='none'`` 153 ms
-(6.0x: the (H, k, n) gradients of E_i, F_i cost ~40 ms more).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ equations; the authors' code fixes it: trax ``attend`` (trax/layers/research/eff
 normalises shared keys with ``length_normalized`` (x / sqrt(mean(x^2)), length sqrt(d)) and then divides
 them by sqrt(d), so its logits are q_i . k_j with ||k_j|| = 1 and q_i unscaled (Hugging Face's port,
 ``_len_and_dim_norm``, does the same). Read as the usual q . k / sqrt(d), the key has length sqrt(d), that of
-a vector of unit-variance entries. Dividing once more by sqrt(d) (as this module did until issue 9) keeps
-attention near uniform: recall at 64 tokens stayed at chance for 400 steps.
+a vector of unit-variance entries. Dividing once more by sqrt(d) would shrink logits of unit-variance q to
+variance 1/d: attention near uniform, which a model must first learn to undo.
 
 s_i^(r) is i's place after sorting round r by (bucket, position); m is the chunk length. The keys query i
 sums over in round r, A_i^(r), are exactly:
@@ -134,6 +134,9 @@ class LSHAttention(AttentionCore):
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.n_hashes, self.bucket_size, self.n_buckets_option, self.seed = n_hashes, bucket_size, n_buckets, seed
         self.chunk_size = bucket_size if chunk_size is None else chunk_size
+        for option, value in (("bucket_size", bucket_size), ("n_buckets", n_buckets), ("chunk_size", chunk_size)):
+            if value is not None:  # sizes a length bounds (n_buckets: at most one per position)
+                self.bound_by_length(option, value, default=1 if option == "n_buckets" else 64)
 
     def chunk_and_buckets(self, n: int, causal: bool) -> tuple[int, int]:
         """The chunk length m and bucket count for sequences of length ``n``; causal, for ``max_seq_len``."""

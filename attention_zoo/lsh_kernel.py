@@ -12,7 +12,9 @@ dS = P * (dO v^T - rowsum(dO * O)). Pairs outside A_i^(r) are set to -MASKED (ne
 non-finite key outside the set cannot reach o_i). A real token whose sets are all empty attends to itself
 alone, o_i = exp(s_ii - s_ii) v_i (eq. 16 with m_ii -> inf): v_i, or NaN when its score is not finite;
 padded tokens give 0. Block temporaries live in reused buffers (``out=``): on CPU a fresh multi-MB
-tensor per block costs page faults comparable to its arithmetic.
+tensor per block costs page faults comparable to its arithmetic. Blocks hold ``BLOCK_PAIRS`` pairs on the
+CPU and the far larger budget of :mod:`attention_zoo.chunking` on an accelerator, where each block costs
+the same number of kernel launches whatever its size.
 """
 
 from __future__ import annotations
@@ -23,8 +25,12 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
+from attention_zoo import chunking
+
 MASKED = 1e20  # pairs outside a key set score -MASKED: far below any real score, far above -finfo.max
-BLOCK_PAIRS = 2**19  # query-key pairs per block: 2 MB of float32 scores, the L2 cache of these CPUs
+# query-key pairs per block on the CPU: 2 MB of float32 scores, the L2 cache of these CPUs (other devices:
+# attention_zoo.chunking)
+BLOCK_PAIRS = 2**19
 
 
 class LSHFunction(torch.autograd.Function):
@@ -42,8 +48,9 @@ class LSHFunction(torch.autograd.Function):
         key_info = rearrange((2 * place).float(), "g s n -> (g n) s")
         o_sorted, lse_sorted = q.new_empty(rounds, n_rows, n, dim), q.new_empty(rounds, n_rows, n, 1)
         probs, pool = q.new_empty(n_rows * rounds * n * 2 * m), {}
-        blocks, row_max = _blocks(order, m), []
-        for (rows, r, chunks, query, window), p in zip(blocks, _split(probs, order, m), strict=True):
+        blocks, row_max = _blocks(order, m, dim), []
+        block_probs = _split(probs, blocks, m)
+        for (rows, r, chunks, query, window), p in zip(blocks, block_probs, strict=True):
             places = slice(chunks.start * m, chunks.stop * m)
             k_w, v_w = _take(keys, window, pool, "k"), _take(v, window, pool, "v")
             scores = torch.matmul(_take(q, query, pool, "q"), k_w.mT, out=p)
@@ -56,7 +63,7 @@ class LSHFunction(torch.autograd.Function):
         lse_r = rearrange(_unsort(lse_sorted, place), "r g n 1 -> g r n")
         lse = lse_r.logsumexp(dim=1)
         out = einsum((lse_r - lse[:, None]).exp(), _unsort(o_sorted, place), "g r n, r g n d -> g n d")
-        for (*_, query, _), p, p_max in zip(blocks, _split(probs, order, m), row_max, strict=True):
+        for (*_, query, _), p, p_max in zip(blocks, block_probs, row_max, strict=True):
             # P^(r) normalised by z_i (eq. 14) instead of z(i, P_i^(r)) (eq. 15)
             p.mul_(p_max.sub_(_take(lse[..., None], query, pool, "lse")).exp_())
         # empty sets leave lse near -MASKED; a NaN lse (a non-finite score in the set) is not "empty"
@@ -76,7 +83,8 @@ class LSHFunction(torch.autograd.Function):
         grad_v = torch.where(alone[..., None], grad_out * alone_weight, 0.0)  # the tokens alone with themselves
         grad_out = grad_out * (real & ~alone)[..., None]
         delta = (grad_out * out).sum(-1, keepdim=True)
-        for (*_, query, window), p in zip(_blocks(order, m), _split(probs, order, m), strict=True):
+        blocks = _blocks(order, m, q.shape[-1])
+        for (*_, query, window), p in zip(blocks, _split(probs, blocks, m), strict=True):
             q_s, do_s, delta_s = (
                 _take(t, query, pool, name) for t, name in ((q, "q"), (grad_out, "do"), (delta, "dl"))
             )
@@ -102,21 +110,32 @@ def _exp(x: Tensor) -> Tensor:
     return x.clamp_(-80.0, 0.0).exp_().sub_(math.exp(-80.0))
 
 
-def _blocks(order: Tensor, m: int) -> list[tuple[slice, int, slice, Tensor, Tensor]]:
-    """Blocks of at most BLOCK_PAIRS query-key pairs (or one chunk of one row): (rows, round, chunks, and the
-    flat ``(g n)`` indices of the block's sorted queries ``(g, c, m)`` and key windows ``(g, c, 2m)``, chunk c - 1
-    then chunk c; chunk 0 looks back at itself, masked by :func:`_outside`)."""
-    n_rows, rounds, n = order.shape
-    n_chunks, per_block = n // m, max(1, BLOCK_PAIRS // (2 * m * m))
-    offset = rearrange(torch.arange(n_rows, device=order.device) * n, "g -> g 1 1")
-    queries = rearrange(order + offset, "g r (c i) -> g r c i", i=m)
-    windows = torch.cat([torch.cat([queries[:, :, :1], queries[:, :, :-1]], dim=2), queries], dim=-1)
+def _plan(n_rows: int, n_chunks: int, m: int, dim: int, device: torch.device) -> tuple[list[slice], list[slice]]:
+    """Row groups and chunk groups of the blocks of one round, within ``chunk_elements(device, BLOCK_PAIRS)``
+    (:mod:`attention_zoo.chunking`), or one chunk of one row; a block of several rows holds all their chunks,
+    so that its sorted places are contiguous. A chunk holds 2 m^2 query-key pairs and gathers 2 m d keys and
+    as many values: the CPU budget counts the pairs alone (as it always has), an accelerator's the larger of
+    the two, so that the gathers stay within it when d > m (small buckets)."""
+    per_chunk = 2 * m * (m if torch.device(device).type == "cpu" else max(m, dim))
+    per_block = max(1, chunking.chunk_elements(device, BLOCK_PAIRS) // per_chunk)
     if per_block < n_chunks:
         row_groups = [slice(row, row + 1) for row in range(n_rows)]
         chunk_groups = [slice(c, min(c + per_block, n_chunks)) for c in range(0, n_chunks, per_block)]
     else:
         row_groups = [slice(row, row + per_block // n_chunks) for row in range(0, n_rows, per_block // n_chunks)]
         chunk_groups = [slice(0, n_chunks)]
+    return row_groups, chunk_groups
+
+
+def _blocks(order: Tensor, m: int, dim: int) -> list[tuple[slice, int, slice, Tensor, Tensor]]:
+    """The blocks of :func:`_plan`, per round: (rows, round, chunks, and the flat ``(g n)`` indices of the
+    block's sorted queries ``(g, c, m)`` and key windows ``(g, c, 2m)``, chunk c - 1 then chunk c; chunk 0
+    looks back at itself, masked by :func:`_outside`)."""
+    n_rows, rounds, n = order.shape
+    offset = rearrange(torch.arange(n_rows, device=order.device) * n, "g -> g 1 1")
+    queries = rearrange(order + offset, "g r (c i) -> g r c i", i=m)
+    windows = torch.cat([torch.cat([queries[:, :, :1], queries[:, :, :-1]], dim=2), queries], dim=-1)
+    row_groups, chunk_groups = _plan(n_rows, n // m, m, dim, order.device)
     return [
         (rows, r, chunks, queries[rows, r, chunks], windows[rows, r, chunks])
         for rows in row_groups
@@ -125,9 +144,10 @@ def _blocks(order: Tensor, m: int) -> list[tuple[slice, int, slice, Tensor, Tens
     ]
 
 
-def _split(probs: Tensor, order: Tensor, m: int) -> list[Tensor]:
-    """One flat buffer -> each block's ``(g, c, m, 2m)`` share of it, in :func:`_blocks` order."""
-    shapes = [(*query.shape, 2 * m) for *_, query, _ in _blocks(order, m)]
+def _split(probs: Tensor, blocks: list[tuple[slice, int, slice, Tensor, Tensor]], m: int) -> list[Tensor]:
+    """One flat buffer -> each block's ``(g, c, m, 2m)`` share of it, in the order of ``blocks``
+    (:func:`_blocks`)."""
+    shapes = [(*query.shape, 2 * m) for *_, query, _ in blocks]
     return [flat.view(shape) for flat, shape in zip(probs.split([math.prod(s) for s in shapes]), shapes, strict=True)]
 
 

@@ -24,8 +24,9 @@ included) at 8K context, i.e. 81.25% sparsity, the shortest context the paper tr
 the lengths of this zoo; its 1M-token Llama-8B setting is block 4096, top-k 12 (the default of the
 authors' examples/llama.py). At n <= block_size MoBA is full attention.
 
-Implementation: (1) the gate, s for every (query, block) in chunks of queries (never the whole (N, n)
-score matrix at once), top-k under the masks above, giving for each query its own block (rank 0) and
+Implementation: (1) the gate, s for every (query, block) in chunks of queries (a fixed number of scores
+per chunk, set per device by :mod:`attention_zoo.chunking`: the whole (N, n) score matrix only where it
+fits one chunk), top-k under the masks above, giving for each query its own block (rank 0) and
 its gated blocks (ranks 1..top_k). (2) exact attention over the selected blocks with the tiled kernel of
 :mod:`attention_zoo.block_sparse` (online softmax over any number of tile groups, recomputation in the
 backward): its layouts are static per length and shared by batch and heads, whereas MoBA routes every
@@ -52,8 +53,8 @@ autograd cannot reach back through earlier steps (it raises): decoding is for in
 Limits: the selection is discontinuous, so float32 and float64 (or a decoding step and the forward) can
 pick different blocks at a near-tie of two gate scores (ties have probability zero on continuous
 inputs; the conformance tests pass on random ones). Self-attention only: the own block is the query's
-position in the key sequence, which cross-attention does not have. Speed is measured by ``zoo targets``
-(issue 11's rows), not here.
+position in the key sequence, which cross-attention does not have. Speed is measured by ``zoo targets``,
+not here.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ import torch.nn.functional as F
 from einops import einsum, rearrange, reduce, repeat
 from torch import Tensor
 
+from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState
 from attention_zoo.registry import register_attention
 
-#: gate scores computed at once (a chunk of queries against every block), about 1 MB in float32
+#: gate scores computed at once on the CPU (a chunk of queries against every block), about 1 MB in float32;
+#: other devices take the larger budget of :mod:`attention_zoo.chunking`
 _GATE_SCORES = 1 << 18
 #: the largest query tile; smaller tiles are used when fewer queries route to each block
 _MAX_TILE = 64
@@ -138,7 +141,7 @@ class MixtureOfBlockAttention(AttentionCore):
         if picks > 0:
             means = sums / rearrange(counts.clamp(min=1), "b g -> b 1 g 1")
             block = torch.arange(blocks, device=q.device)
-            step = max(1, _GATE_SCORES // (batch * heads * blocks))
+            step = _gate_step(batch, heads, blocks, q.device)
             gated = []
             for first in range(0, nq, step):
                 rows = slice(first, first + step)
@@ -259,6 +262,11 @@ def routed_layout(
         key_index = tile_route[:, None] * block_size + slots
         groups.append(TileGroup(rows=rows, key_index=key_index, blocked=blocked.expand(-1, -1, block_size)))
     return tuple(groups)
+
+
+def _gate_step(batch: int, heads: int, blocks: int, device: torch.device) -> int:
+    """Queries per chunk of the gate: ``chunk_elements(device, _GATE_SCORES)`` scores against every block."""
+    return max(1, chunking.chunk_elements(device, _GATE_SCORES) // (batch * heads * blocks))
 
 
 def _tile_rows(pairs: int, routes: int) -> int:

@@ -54,9 +54,8 @@ F~, A~ and B~: relative errors above 1 on Gaussian inputs and 1e2-1e5 on driftin
 the truncated iteration acts as a regularised inverse. ``"exact"`` is a reference, not a setting to train.
 
 Speed: F~ and B~ go through :class:`SoftmaxProduct`, a block of heads at a time, so the n x m scores and
-their gradient stay in cache. ``zoo targets`` (1 thread, B = 1, H = 8, D = 64, m = 64, fp32, fwd+bwd, the
-machine shared with other jobs): 67-82 ms at n = 4096, 14.9-18.6x full attention with SDPA (the issue
-quotes 13.6x for the official core); time(8192) / time(2048) = 2.5-3.5.
+their gradient stay in cache on the CPU; on an accelerator the blocks take the much larger budget of
+:mod:`attention_zoo.chunking` (all heads at once at the usual shapes), so that few kernels are launched.
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor, nn
 
+from attention_zoo import chunking
 from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.masks import masked_softmax
 from attention_zoo.registry import register_attention
@@ -112,14 +112,16 @@ def segment_layout(mask: Tensor | None, n: int, m: int, device: torch.device) ->
     return segment, counts[:, :m]
 
 
-# scores per block of heads: 2^18 float32 = 1 MiB, so scores, probabilities and their gradient stay in L2
+# scores per block of heads on the CPU: 2^18 float32 = 1 MiB, so scores, probabilities and their gradient
+# stay in L2; other devices take the larger budget of attention_zoo.chunking
 BLOCK_ELEMENTS = 1 << 18
 
 
-def head_blocks(batch: int, heads: int, per_head: int) -> list[tuple[slice, slice]]:
-    """(batch, head) slices with about ``BLOCK_ELEMENTS / per_head`` heads each: whole batch elements when
-    they fit, else a run of heads within one batch element (so every slice of a contiguous tensor is too)."""
-    count = max(1, BLOCK_ELEMENTS // per_head)
+def head_blocks(batch: int, heads: int, per_head: int, device: torch.device) -> list[tuple[slice, slice]]:
+    """(batch, head) slices with about ``budget / per_head`` heads each, the budget being ``BLOCK_ELEMENTS``
+    on the CPU (:func:`attention_zoo.chunking.chunk_elements`): whole batch elements when they fit, else a
+    run of heads within one batch element (so every slice of a contiguous tensor is too)."""
+    count = max(1, chunking.chunk_elements(device, BLOCK_ELEMENTS) // per_head)
     if count >= heads:
         step = count // heads
         return [(slice(b, b + step), slice(None)) for b in range(0, batch, step)]
@@ -132,8 +134,9 @@ class SoftmaxProduct(torch.autograd.Function):
 
     Autograd on the same expression batches all heads at once, so every r x c temporary (scores,
     probabilities, their gradients) goes through main memory; here a block of heads at a time keeps them in
-    cache, and only the probabilities are kept for backward. A backward with create_graph=True (second
-    order) recomputes the product with autograd instead, so that its gradient is differentiable again.
+    cache (on the CPU; see :func:`head_blocks`), and only the probabilities are kept for backward. A backward
+    with create_graph=True (second order) recomputes the product with autograd instead, so that its
+    gradient is differentiable again.
     """
 
     @staticmethod
@@ -141,7 +144,7 @@ class SoftmaxProduct(torch.autograd.Function):
         (batch, heads, rows, _), cols = x.shape, y.shape[-2]
         probs = x.new_empty(batch, heads, rows, cols)
         out = x.new_empty(batch, heads, rows, u.shape[-1])
-        for block in head_blocks(batch, heads, rows * cols):
+        for block in head_blocks(batch, heads, rows * cols, x.device):
             block_allowed = allowed if allowed is None or allowed.shape[0] == 1 else allowed[block[0]]
             probs[block] = masked_softmax(x[block] @ y[block].transpose(-1, -2), block_allowed)
             torch.matmul(probs[block], u[block], out=out[block])
@@ -159,7 +162,7 @@ class SoftmaxProduct(torch.autograd.Function):
             grads = iter(torch.autograd.grad(product, wanted, grad, create_graph=True))
             return (*(next(grads) if n else None for n in needed), None)
         dx, dy, du = x.new_empty(x.shape), y.new_empty(y.shape), u.new_empty(u.shape)
-        for block in head_blocks(x.shape[0], x.shape[1], probs.shape[-2] * probs.shape[-1]):
+        for block in head_blocks(x.shape[0], x.shape[1], probs.shape[-2] * probs.shape[-1], x.device):
             p, g = probs[block], grad[block]
             # softmax backward dS = P (dP - rowsum(dP P)), with rowsum(dP P) = rowsum(grad out)
             d_scores = (g @ u[block].transpose(-1, -2)).sub_((g * out[block]).sum(-1, keepdim=True)).mul_(p)

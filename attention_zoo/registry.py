@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
+from attention_zoo.catalog import REGISTERED, names_with
 from attention_zoo.core import AttentionCore, BuildContext
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 
 COMMON_PARAMETERS = ("dim_head", "heads", "max_seq_len", "context")
 
-_REGISTRY: dict[str, type[AttentionCore]] = {}
+_REGISTRY: dict[str, type[AttentionCore]] = REGISTERED  # type: ignore[assignment]
 
 CoreT = TypeVar("CoreT", bound=type[AttentionCore])
 
@@ -82,9 +83,7 @@ def list_attentions(
                             ("double_backward", double_backward), ("position_free_queries", position_free_queries))
         if value is not None
     }  # fmt: skip
-    return sorted(
-        name for name, cls in _REGISTRY.items() if all(getattr(cls, a) == v for a, v in wanted.items())
-    )
+    return names_with(**wanted)
 
 
 def get_attention_class(name: str) -> type[AttentionCore]:

@@ -39,10 +39,6 @@ keys, values and positions that a later query may still attend
 w/2 keys per sequence and head; blockwise < b; longformer g + w/2; fixed n mod l + c floor(n / l);
 strided and bigbird with random blocks every key). A step's queries attend the cached keys their pattern
 allows, found with the same mask function as the forward, so decoding equals the causal forward.
-
-Measured (``zoo targets --attentions local``: CPU, 1 thread, B=1 H=8 D=64 fp32, fwd+bwd, min of 5, on the
-shared 2-core machine while other jobs ran): local w=256 at n=4096 195-203 ms vs full (SDPA) 1028-1061 ms
-in the same process, 5.2-5.3x (target 4x); t(8192)/t(2048) = 3.6-3.9 (target <= 5).
 """
 
 from __future__ import annotations
@@ -243,6 +239,7 @@ class LocalAttention(PatternAttention):
         (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, impl=impl)
         _check_window(window)
+        self.bound_by_length("window", window, default=256, per_position=2, minimum=2)
         self.window = window
 
     def pattern(self, n: int, causal: bool) -> MaskMod:
@@ -317,6 +314,11 @@ class SparseAttention(PatternAttention):
         if pattern == "bigbird" and options["global_tokens"] is None:
             options["global_tokens"] = 2 * options["block_size"]
         _check_options(options)
+        for size in ("stride", "block_size", "window"):  # sizes along the sequence: a length bounds them
+            if size in options:
+                per_position = 2 if size == "window" else 1  # a window: w/2 keys on each side
+                self.bound_by_length(size, options[size], default=reads[size], per_position=per_position,
+                                     minimum=per_position)  # fmt: skip
         self.pattern_name = pattern
         self.options = options
         self._decoding_pattern: tuple[int, MaskMod] | None = None
@@ -448,7 +450,7 @@ class BigBirdAttention(SparseAttention):
         default g, with random blocks drawn from the middle blocks only (google-research/bigbird,
         ``bigbird/core/attention.py``; Hugging Face ``modeling_big_bird.py``); causal attention keeps only
         the first g/2 (a trailing global block would depend on the total length). ``"start"``: the first g
-        positions (the placement this project used before)."""
+        positions."""
         super().__init__(
             dim_head=dim_head,
             heads=heads,

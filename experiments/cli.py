@@ -9,12 +9,24 @@ import sys
 #: command -> (module, function taking argv, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "list": ("experiments.listing", "main", "every registered attention with its capabilities and options"),
-    "targets": ("experiments.targets", "main", "measure the CPU performance targets (= zoo bench --check-targets)"),
-    "bench": ("experiments.bench", "main", "time, memory and FLOP/s of mechanisms across lengths vs full attention"),
+    "targets": (
+        "experiments.bench.command",
+        "targets_main",
+        "measure the CPU performance targets (= zoo bench --check-targets)",
+    ),
+    "bench": (
+        "experiments.bench.command",
+        "main",
+        "time, memory and FLOP/s of mechanisms across lengths vs full attention",
+    ),
     "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
-    "compare": ("experiments.compare", "main", "train one task per attention and seed; summary with intervals, plots"),
+    "compare": (
+        "experiments.compare.command",
+        "main",
+        "train one task per attention and seed; summary with intervals, plots",
+    ),
     "report": (
-        "experiments.report",
+        "experiments.compare.report",
         "main",
         "join a compare and a bench: Pareto plot, which mechanism at which length",
     ),

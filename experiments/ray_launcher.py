@@ -6,7 +6,7 @@ scheduler that puts each run where its CPUs or GPUs are free, on one laptop or m
 Tune would add trial schedulers, search spaces and an experiment layout of its own for nothing here.
 
 ``zoo compare``: one task per (mechanism, options, seed) run (``num_cpus=--run_cpus``, ``num_gpus=--run_gpus``),
-running exactly what the local launcher runs (:func:`experiments.compare_runs.attempt`), so a crash, an OOM or
+running exactly what the local launcher runs (:func:`experiments.compare.runs.attempt`), so a crash, an OOM or
 a timeout stays that run's and is recorded with its reason. Tasks are never retried by Ray (``max_retries=0``):
 a lost node or a killed worker is recorded as a failed run, and a rerun (resume) runs it again. Where the run
 writes: with a local Ray (no ``--ray_address``) or ``--shared_dir`` (a folder every node mounts at the same
@@ -16,7 +16,7 @@ path), straight into the experiment directory; otherwise in a scratch folder on 
 its task, so it continues from its checkpoint.
 
 ``zoo bench``: one task per case, each still measured in its own worker subprocess with its time and memory
-limits (:meth:`experiments.bench_runner.Runner.case_row`); the driver appends each row to ``results.jsonl``
+limits (:meth:`experiments.bench.runner.Runner.case_row`); the driver appends each row to ``results.jsonl``
 as it arrives. Never two timing cases on one device at once: a CUDA case asks for ``num_gpus=1`` (Ray gives
 each GPU to one task at a time and sets ``CUDA_VISIBLE_DEVICES``); a CPU case asks for one unit of the custom
 resource ``zoo_bench_slot``, of which each node has one (the local Ray started here has it; start cluster
@@ -187,7 +187,7 @@ def _compare_task(
     env: dict[str, str],
 ) -> dict[str, Any]:
     """One run on a Ray worker: in the shared experiment directory, or in a scratch copy whose files return."""
-    from experiments.compare_runs import attempt
+    from experiments.compare.runs import attempt
 
     _cancellable()
     stop = threading.Event()  # a cancelled task stops by KeyboardInterrupt, which execute() passes on
@@ -261,8 +261,8 @@ def run_bench(config: Any, store: Any, device: str, cases: list[Any], *, retry_f
     appended to the store the moment it comes back. Returns how many ran."""
     import ray
 
-    from experiments.bench_runner import describe, pending_cases, summary
-    from experiments.bench_store import now
+    from experiments.bench.runner import describe, pending_cases, summary
+    from experiments.bench.store import now
     from experiments.console import console
 
     pending, code = pending_cases(store, cases, retry_failed=retry_failed)
@@ -306,8 +306,8 @@ _RUNNERS: dict[tuple[str, str], Any] = {}
 
 
 def _bench_task(config: Any, case: Any, device: str) -> dict[str, Any]:
-    from experiments.bench_runner import Runner
-    from experiments.bench_store import code_fingerprint
+    from experiments.bench.runner import Runner
+    from experiments.bench.store import code_fingerprint
 
     _cancellable()
     key = (repr(config), device)

@@ -28,12 +28,17 @@ weights; otherwise one error line names the sizes that differ and the run's file
 
 from __future__ import annotations
 
+import difflib
+import importlib
+import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import warnings
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +59,18 @@ from tasks.data.base import DataError
 LINKED = ("vocab_size", "max_seq_len", "num_classes", "max_source_len", "max_target_len")
 #: ``--ckpt_path`` values that Lightning resolves itself (they name no file here)
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+#: the largest seed numpy (and so Lightning's seed_everything) accepts
+MAX_SEED = 2**32 - 1
+#: ``zoo fit | validate | test --verbose`` (bare; ``--verbose true|false`` is Lightning's own option of validate
+#: and test) or ``ZOO_VERBOSE=1``: print the parser's full message before the one error line
+VERBOSE_FLAG, VERBOSE_ENV = "--verbose", "ZOO_VERBOSE"
 
 
 class ZooCLI(LightningCLI):
-    def __init__(self, args: list[str], *, run: bool = True) -> None:
+    def __init__(self, args: list[str], *, run: bool = True, exit_on_error: bool = True) -> None:
+        """``exit_on_error=False``: a bad argument raises jsonargparse's ``ArgumentError`` (``zoo fit`` turns it
+        into one line) instead of printing the usage and the parser's message and exiting."""
+        kwargs = {"exit_on_error": False} | {name: {"exit_on_error": False} for name in ("fit", "validate", "test")}
         super().__init__(
             ZooTask,
             LightningDataModule,
@@ -68,6 +81,7 @@ class ZooCLI(LightningCLI):
             auto_configure_optimizers=False,  # each task owns its optimizer and schedule
             args=args,
             run=run,
+            parser_kwargs=None if exit_on_error else kwargs,
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -94,17 +108,38 @@ class ZooCLI(LightningCLI):
         # next, LightningCLI overwrites the model's settings with a --ckpt_path file's hyperparameters,
         # silently: the file and its attention are checked against the configured ones before that
         subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand is not None else self.config
+        check_seed(config.get("seed_everything"))
         if subcommand is not None:
-            check_checkpoint(self.config[subcommand].get("ckpt_path"), self.config[subcommand].model.init_args)
+            saved = check_checkpoint(config.get("ckpt_path"), config.model.init_args)
+            ignored = ignored_sizes(saved, config.model.init_args)
+            if ignored:
+                print(
+                    f"zoo {subcommand}: warning: ignored {', '.join(ignored)}: the model is built with the sizes "
+                    "saved in --ckpt_path",
+                    file=sys.stderr,
+                )
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        # a refusal raised inside the Trainer (the data's prepare_data or setup, a task/data mismatch) comes after
+        # the logger and the config callback have created the run folder: the folders this command created go
+        created = [folder for folder in _log_dirs(self.trainer) if not folder.exists()]
+        existing = {folder: _nearest_existing(folder) for folder in created}
+        try:
+            super()._run_subcommand(subcommand)
+        except (ConfigError, DataError):
+            for folder in created:
+                remove_new_run(folder, existing[folder])
+            raise
 
     def before_fit(self) -> None:
-        check_resume(self.trainer, self.model, self.config.fit.get("ckpt_path"))
+        check_resume(self.trainer, self.model, self.config.fit.get("ckpt_path"), "fit")
 
     def before_validate(self) -> None:
-        check_resume(self.trainer, self.model, self.config.validate.get("ckpt_path"))
+        check_resume(self.trainer, self.model, self.config.validate.get("ckpt_path"), "validate")
 
     def before_test(self) -> None:
-        check_resume(self.trainer, self.model, self.config.test.get("ckpt_path"))
+        check_resume(self.trainer, self.model, self.config.test.get("ckpt_path"), "test")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -117,14 +152,14 @@ class ZooCLI(LightningCLI):
                 check_writable(Path(init.save_dir) / (init.get("name") or ""), init.save_dir)
 
 
-def check_checkpoint(ckpt_path: str | None, model: Any) -> None:
+def check_checkpoint(ckpt_path: str | None, model: Any) -> dict[str, Any] | None:
     """A ``--ckpt_path`` naming a file must be a readable checkpoint trained with the configured attention
     and options (from the config file or the flags). Lightning would otherwise take the checkpoint's,
     so ``--model.attention local`` with a ``full`` checkpoint would report full attention's numbers as
     local's. Testing another mechanism's checkpoint therefore needs its ``--model.attention`` (the error
-    gives the flags)."""
+    gives the flags). Returns the checkpoint's hyperparameters (None when ``ckpt_path`` names no file)."""
     if ckpt_path is None or not _names_a_file(str(ckpt_path)):
-        return
+        return None
     saved = read_checkpoint(ckpt_path, "--ckpt_path").get("hyper_parameters", {})
     theirs, their_options = saved.get("attention"), saved.get("attention_options") or {}
     ours, our_options = model.attention, dict(model.get("attention_options") or {})
@@ -134,17 +169,47 @@ def check_checkpoint(ckpt_path: str | None, model: Any) -> None:
             f"--ckpt_path {str(ckpt_path)!r} was trained with attention {theirs!r} options {their_options}, but the "
             f"model is configured with attention {ours!r} options {our_options}; to use this checkpoint, pass {flags}"
         )
+    return saved
 
 
-def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None) -> None:
+def ignored_sizes(saved: dict[str, Any] | None, model: Any) -> list[str]:
+    """The model sizes configured (by a flag or the config) that a ``--ckpt_path`` file overrides: LightningCLI
+    builds the model with the checkpoint's hyperparameters, so ``zoo test --ckpt_path run.ckpt --model.dim 32``
+    tests the checkpoint's dim, silently. Sizes linked from the data (:data:`LINKED`) are not overridden (a
+    mismatch there is refused by :func:`check_resume`)."""
+    if not saved:
+        return []
+    return [
+        f"--model.{name} {value} (checkpoint: {saved[name]})"
+        for name, value in sorted(dict(model).items())
+        if name not in LINKED and name in saved and _is_size(value) and _is_size(saved[name]) and value != saved[name]
+    ]
+
+
+def check_seed(seed: Any) -> None:
+    """``--seed_everything``: true (a random seed), false / null (none) or an int in numpy's range [0, 2**32 - 1];
+    Lightning would raise for any other int only once the run has started."""
+    if _is_size(seed) and not 0 <= seed <= MAX_SEED:
+        raise ConfigError(
+            f"--seed_everything {seed}: a seed must be an int in [0, {MAX_SEED}] (or true for a random one)"
+        )
+
+
+def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None, stage: str = "fit") -> None:
     """The checkpoint a run starts from (``--ckpt_path last``: the run's newest ``last*.ckpt``, found as
     Lightning finds it) must fit the built model, checked before the Trainer writes anything: Lightning would
     first rewrite the run's config.yaml and TensorBoard files, then fail to load with a size-mismatch
     traceback. Refused in one line naming the sizes that differ (the integer hyperparameters that differ,
     e.g. ``dim``), or else weights whose shapes differ; ``last`` must also have the configured attention and
-    options, as a named file must (:func:`check_checkpoint`)."""
+    options, as a named file must (:func:`check_checkpoint`). For ``validate`` and ``test`` the sizes that
+    come from the data (:data:`LINKED`: a vocabulary of another size) are named as the data's."""
     if ckpt_path is None:
         return
+    if str(ckpt_path) == "best" and stage != "fit":
+        raise ConfigError(
+            f"--ckpt_path best: zoo {stage} starts no training, so it has no best checkpoint; name a checkpoint "
+            "file (e.g. <run>/checkpoints/last.ckpt) or use last"
+        )
     if str(ckpt_path) == "last":
         found = {
             path
@@ -152,8 +217,14 @@ def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None) -> Non
             if isinstance(callback, ModelCheckpoint)
             for path in callback._find_last_checkpoints(trainer)  # Lightning's own search for "last"
         }
+        if not found and stage != "fit":
+            where = str(Path(trainer.log_dir).parent) if trainer.log_dir else "the run folder"
+            raise ConfigError(
+                f"--ckpt_path last: no run under {where!r} has a last.ckpt: {stage} would run an untrained model; "
+                "train one first (zoo fit), or name a checkpoint file"
+            )
         if not found:
-            return  # Lightning starts afresh (and says so)
+            return  # fit starts afresh (and Lightning says so)
         path = max(found, key=os.path.getmtime)
         check_checkpoint(path, model.hparams)
     elif _names_a_file(str(ckpt_path)):
@@ -165,16 +236,27 @@ def check_resume(trainer: Trainer, model: ZooTask, ckpt_path: str | None) -> Non
     if not problems:
         return
     saved, ours = checkpoint.get("hyper_parameters", {}), dict(model.hparams)
-    sizes = [
-        f"{name} {ours.get(name)} (checkpoint: {saved.get(name)})"
+    differing = [
+        name
         for name in sorted(saved.keys() | ours.keys())
         if saved.get(name) != ours.get(name) and any(_is_size(v) for v in (saved.get(name), ours.get(name)))
     ]
+    evaluating = stage != "fit"
+    sizes = [
+        f"{name} {ours.get(name)}{' from the data' if evaluating and name in LINKED else ''} "
+        f"(checkpoint: {saved.get(name)})"
+        for name in differing
+    ]
     differ = f"sizes that differ: {', '.join(sizes)}" if sizes else f"e.g. {'; '.join(problems[:3])}"
+    if evaluating and any(name in LINKED for name in differing):
+        remedy = f"{stage} it on data of the checkpoint's vocabulary and sizes"
+    elif evaluating:
+        remedy = f"{stage} it with the run's own sizes"
+    else:
+        remedy = "resume with the run's own sizes, or start a new run without --ckpt_path"
     raise ConfigError(
         f"--ckpt_path {ckpt_path} ({path}) does not fit the configured model ({len(problems)} weights of other "
-        f"shapes; {differ}); resume with the run's own sizes, or start a new run without --ckpt_path (nothing was "
-        "written)"
+        f"shapes; {differ}); {remedy} (nothing was written)"
     )
 
 
@@ -215,6 +297,34 @@ def check_writable(target: Path, save_dir: str) -> None:
         raise ConfigError(f"{where}: cannot write in {str(existing)!r} ({error.strerror})") from None
 
 
+def _log_dirs(trainer: Trainer) -> list[Path]:
+    """The run folders of the trainer's loggers (naming them creates nothing)."""
+    folders = []
+    for logger in trainer.loggers:
+        log_dir = getattr(logger, "log_dir", None)
+        if log_dir is not None:
+            folders.append(Path(log_dir))
+    return folders
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def remove_new_run(folder: Path, existing: Path) -> None:
+    """Remove ``folder``, a run folder created by a command that was then refused, unless it holds a checkpoint,
+    and the folders above it up to ``existing`` (which existed before) that are left empty."""
+    if not folder.exists() or any(folder.rglob("*.ckpt")):
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    parent = folder.parent
+    while parent != existing and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
 def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -248,15 +358,101 @@ def build(argv: list[str]) -> tuple[ZooTask, LightningDataModule]:
 
 
 def run(subcommand: str, argv: list[str]) -> int:
+    argv, verbose = _take_verbose(argv)
     try:
         with warnings.catch_warnings():
             # argv always comes explicitly (from `zoo` or from tests); Lightning warns when sys.argv has args too
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            ZooCLI([subcommand, *argv])
+            ZooCLI([subcommand, *argv], exit_on_error=False)
     except (ConfigError, DataError) as error:  # DataError: raised while the data is read, inside the Trainer
         print(f"zoo {subcommand}: error: {error}", file=sys.stderr)
         return 2
+    except ArgumentError as error:  # jsonargparse: a bad flag or config value, before anything was built
+        if verbose:
+            print(str(error), file=sys.stderr)
+        more = "" if verbose else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
+        print(f"zoo {subcommand}: error: {parser_error_line(str(error))}{more}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without a bare ``--verbose`` (one not followed by a value: ``--verbose false`` is Lightning's
+    option of validate and test, and stays), and whether the parser's full messages were asked for."""
+    kept, verbose = [], os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg == VERBOSE_FLAG and (following is None or following.startswith("-")):
+            verbose = True
+            continue
+        kept.append(arg)
+    return kept, verbose
+
+
+def parser_error_line(message: str) -> str:
+    """The one useful line of a jsonargparse error message, which nests the error under every type of a Union
+    it tried (about 60 lines with the usage): an unknown option with the nearest valid ones, a value of the
+    wrong type with the types allowed, an unrecognized argument, or else the message's first line."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    top = re.match(r'Parser key "([^"]+)"', first)
+    unknown = re.search(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted", message)
+    if top and unknown:
+        class_path, key = unknown.groups()
+        flag = f"--{top[1]}.{key}"
+        options = _init_options(class_path)
+        close = difflib.get_close_matches(key, options, n=3, cutoff=0.6)
+        hint = (
+            f"did you mean {' or '.join(f'--{top[1]}.{name}' for name in close)}?"
+            if close
+            else f"its options: {', '.join(options)}"
+        )
+        return f"{flag}: {class_path.rsplit('.', 1)[-1]} has no option {key!r}; {hint}"
+    unrecognized = re.match(r"unrecognized arguments: (\S+)", first, flags=re.IGNORECASE)
+    if unrecognized:
+        flag = unrecognized[1].split("=", 1)[0]
+        hint = ""
+        if flag.startswith("--trainer."):
+            close = difflib.get_close_matches(flag.removeprefix("--trainer."), _init_options(Trainer), n=3)
+            hint = f"; did you mean {' or '.join(f'--trainer.{name}' for name in close)}?" if close else ""
+        return f"unrecognized argument {flag}{hint}"
+    keys = [match for match in re.finditer(r'Parser key "([^"]+)"', message)]
+    if keys:
+        inner = message[keys[-1].end() :]
+        given = re.search(r"(?:Given|Got) value: (.*)", inner)
+        types = re.search(r"Subtypes: \[(.*)\]", inner) or re.search(r"Expected a (<class '[^']+'>)", inner)
+        if given and types:
+            name = ".".join(dict.fromkeys(k[1] for k in keys))
+            return f"--{name} {given[1].strip()}: expected {_type_names(types[1])}"
+    return first
+
+
+def _init_options(target: str | type) -> list[str]:
+    """The parameters of a class's ``__init__`` (a class or its import path), and of its bases' while an
+    ``__init__`` passes ``**kwargs`` on, as jsonargparse reads them; [] if they cannot be read."""
+    options: dict[str, None] = {}
+    try:
+        if isinstance(target, str):
+            module, _, name = target.rpartition(".")
+            target = getattr(importlib.import_module(module), name)
+        for cls in target.__mro__:
+            if "__init__" not in vars(cls):
+                continue
+            parameters = inspect.signature(cls.__init__).parameters.values()
+            options |= dict.fromkeys(
+                p.name for p in parameters if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            )
+            if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+                break
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return []
+    return list(options)
+
+
+def _type_names(types: str) -> str:
+    """``[dict[str, typing.Any], <class 'NoneType'>]`` -> ``dict[str, Any] or null``."""
+    names = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", types).replace("typing.", "").replace("NoneType", "null")
+    parts = [part.strip() for part in re.split(r",\s*(?![^\[]*\])", names)]
+    return " or ".join(parts)
 
 
 def run_fit(argv: list[str]) -> int:

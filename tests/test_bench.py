@@ -16,14 +16,18 @@ from rich.console import Console
 import attention_zoo as az
 from attention_zoo import registry
 from attention_zoo.full import FullAttention
-from experiments import bench_measure, bench_runner, bench_tables, cli, targets
-from experiments.bench import with_baseline
-from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, load_config, parse_attentions
-from experiments.bench_measure import measure_case
-from experiments.bench_report import write_outputs
-from experiments.bench_runner import Runner, precheck
-from experiments.bench_store import ResultStore, case_of
-from experiments.flops import _window_pairs, case_flops
+from experiments import cli
+from experiments.bench import measure as bench_measure
+from experiments.bench import runner as bench_runner
+from experiments.bench import tables as bench_tables
+from experiments.bench import targets
+from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, load_config, parse_attentions
+from experiments.bench.command import with_baseline
+from experiments.bench.flops import _window_pairs, case_flops
+from experiments.bench.measure import measure_case
+from experiments.bench.report import write_outputs
+from experiments.bench.runner import Runner, precheck
+from experiments.bench.store import ResultStore, case_of
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import bench_tables
-from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, load_config
-from experiments.bench_measure import measure_case
-from experiments.bench_runner import precheck
-from experiments.flops import case_flops
+from experiments.bench import tables as bench_tables
+from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, load_config
+from experiments.bench.flops import case_flops
+from experiments.bench.measure import measure_case
+from experiments.bench.runner import precheck
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_decode_modes_need_the_seq2seq_level_and_a_causal_mechanism():
 
 
 def test_the_decoding_sweep_is_the_issues_setting():
-    config = load_config(ROOT / "experiments" / "decoding.yaml", {})
+    config = load_config(ROOT / "experiments" / "bench" / "configs" / "decoding.yaml", {})
     assert (config.seq_lens, config.batch, config.threads, config.levels) == ([64], [32], [1], ["seq2seq"])
     assert set(config.modes) == {"decode", "decode-recompute"} and config.device == "cpu"
 

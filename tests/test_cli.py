@@ -82,3 +82,45 @@ def test_demo_prints_each_mechanisms_distance_from_softmax_attention(capsys):
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "experiments.cli", "list"], capture_output=True, text=True)
     assert result.returncode == 0 and "full" in result.stdout
+
+
+UNION_DUMP = """Parser key "model":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'tasks.base.ZooTask'>, <class 'NoneType'>]
+  Errors:
+    - Problem with given class_path 'tasks.token_prediction.TokenPrediction':
+        Parser key "attention_options":
+          Does not validate against any of the Union subtypes
+          Subtypes: [dict[str, typing.Any], <class 'NoneType'>]
+          Errors:
+            - Expected a <class 'dict'>
+            - Expected a <class 'NoneType'>
+          Given value type: <class 'list'>
+          Given value: [1, 2]
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'jsonargparse._util.NestedArg'>
+  Given value: NestedArg(key='attention_options', val=[1, 2])"""
+
+
+def test_parser_errors_shrink_to_their_useful_line():
+    from tasks.cli import parser_error_line
+
+    assert parser_error_line(UNION_DUMP) == "--model.attention_options [1, 2]: expected dict[str, Any] or null"
+    unknown = UNION_DUMP.replace('Parser key "attention_options":', "Option 'heds' is not accepted\n        X:")
+    expected = "--model.heds: TokenPrediction has no option 'heds'; did you mean --model.heads?"
+    assert parser_error_line(unknown) == expected
+    assert parser_error_line("unrecognized arguments: --trainer.max_epoch 3").startswith(
+        "unrecognized argument --trainer.max_epoch; did you mean --trainer.max_epochs"
+    )
+    assert parser_error_line("something else\n  more") == "something else"
+
+
+def test_only_a_bare_verbose_is_zoos(monkeypatch):
+    from tasks.cli import _take_verbose
+
+    monkeypatch.delenv("ZOO_VERBOSE", raising=False)
+    assert _take_verbose(["-c", "x.yaml", "--verbose"]) == (["-c", "x.yaml"], True)
+    assert _take_verbose(["--verbose", "--model.dim", "8"]) == (["--model.dim", "8"], True)
+    assert _take_verbose(["--verbose", "false"]) == (["--verbose", "false"], False)  # Lightning's (validate, test)
+    monkeypatch.setenv("ZOO_VERBOSE", "1")
+    assert _take_verbose([]) == ([], True)

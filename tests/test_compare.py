@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 import attention_zoo as az
-from experiments import compare
-from experiments.compare_runs import failure_reason
-from experiments.tensorboard_layout import read_layout
+from experiments.compare import command as compare
+from experiments.compare.runs import failure_reason
+from experiments.compare.tensorboard_layout import read_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -244,7 +244,7 @@ def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
 
 
 def test_lower_is_better_knows_losses_memory_and_durations_from_rates():
-    from experiments.compare_summary import lower_is_better
+    from experiments.compare.summary import lower_is_better
 
     assert all(map(lower_is_better, ["val_loss", "val_ppl", "train_mem_mb", "fit_s"]))
     assert not any(map(lower_is_better, ["val_acc", "test_bleu", "tokens_per_s", "test_greedy_cached_sentences_per_s"]))

@@ -1,4 +1,4 @@
-"""The experiment lock of ``zoo compare`` (``experiments/experiment_lock.py``): one command per experiment
+"""The experiment lock of ``zoo compare`` (``experiments/compare/lock.py``): one command per experiment
 folder, stale locks of dead processes taken over, locks of other hosts only with ``--force_unlock``."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import compare
-from experiments.experiment_lock import LOCK_NAME, ExperimentLocked, acquire, experiment_lock, release
+from experiments.compare import command as compare
+from experiments.compare.lock import LOCK_NAME, ExperimentLocked, acquire, experiment_lock, release
 
 ROOT = Path(__file__).resolve().parents[1]
 

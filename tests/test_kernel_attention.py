@@ -18,9 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 import attention_zoo as az
 from attention_zoo.kernel_attention import CausalProduct
 from attention_zoo.masks import pad_mask
-from experiments import targets
-from experiments.bench_cases import Case
-from experiments.flops import case_flops
+from experiments.bench import targets
+from experiments.bench.cases import Case
+from experiments.bench.flops import case_flops
 
 H, D, MAX_LEN = 2, 8, 64
 F64 = torch.float64
@@ -275,7 +275,7 @@ def test_a_long_prefill_is_decoded_in_chunks_and_continues_exactly(name):
 @pytest.mark.parametrize("name, options", [("linear", {}), ("cosformer", {}), ("performer", {"nb_features": 24})])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flop_formulas_count_the_matrix_products(name, options, causal):
-    """``experiments.flops`` against torch's FLOP counter: exact non-causal; causal, the counted work plus
+    """``experiments.bench.flops`` against torch's FLOP counter: exact non-causal; causal, the counted work plus
     the documented 2 n c (m + d + 1) of the blocks inside the chunks."""
     n, chunk = 48, 8
     core = az.create_attention(name, dim_head=D, heads=H, max_seq_len=MAX_LEN, chunk_size=chunk, **options).eval()

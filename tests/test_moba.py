@@ -20,8 +20,8 @@ from torch.utils._pytree import tree_leaves
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from experiments import targets
-from experiments.flops import FORMULAS
+from experiments.bench import targets
+from experiments.bench.flops import FORMULAS
 
 TIGHT = dict(rtol=0.0, atol=1e-10)  # float64, exact up to summation order
 HEADS, DIM_HEAD = 2, 8

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from experiments import cli
-from experiments.bench_store import ResultStore
+from experiments.bench.store import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 RECALL = str(ROOT / "configs" / "recall.yaml")

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from experiments.compare_summary import summarize_mechanisms, summary_table_rows
+from experiments.compare.summary import summarize_mechanisms, summary_table_rows
 from experiments.stats import default_margin, paired_difference, summarize
 
 
@@ -137,7 +137,7 @@ def test_another_reference_and_margin_and_no_reference():
 def test_zoo_report_uses_the_same_paired_verdicts(tmp_path):
     import csv
 
-    from experiments.report import main as report_main
+    from experiments.compare.report import main as report_main
 
     experiment, bench = tmp_path / "experiment", tmp_path / "bench"
     experiment.mkdir()

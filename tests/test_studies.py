@@ -356,3 +356,24 @@ def test_the_committed_mlm_configs_name_every_panel(scale):
         assert {(n, "linformer", k, "headwise") for k in (32, 64, 128, 256)} | {(n, "full", None, "")} <= variants
     assert {(512, "linformer", 128, s) for s in ("none", "kv", "layerwise")} <= variants
     assert {(2048, "full", None, ""), (2048, "linformer", 128, "headwise")} <= variants
+
+
+def test_the_independent_favor_check_runs_and_falls_with_m_on_small_inputs(capsys):
+    from experiments.studies import favor_independent_check as favor
+
+    assert favor.main(["--n", "32", "--samples", "2", "--features", "16,1024"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["16", "1024"]
+    # q, k scaled by 1/2: the estimator's error falls as 1/sqrt(m) (Lemma 2), 64x more features -> well below
+    assert float(rows[1][2]) < 0.5 * float(rows[0][2])
+
+
+def test_the_independent_mlm_check_trains_both_models_at_a_tiny_size(capsys):
+    from experiments.studies import mlm_independent_check as mlm_check
+
+    argv = ["--steps", "2", "--warmup", "1", "--every", "2", "--n", "32", "--batch", "1", "--val_batches", "1"]
+    assert mlm_check.main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("step 2: val ppl library ") and " reference " in last
+    ppl = [float(part.split()[-1]) for part in last.split("val ppl ")[1].split("(")[0].split(",")]
+    assert all(math.isfinite(p) and p > 1 for p in ppl)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from experiments import tensorboard_screenshot as shot
-from experiments.tensorboard_layout import layout, write_layout
+from experiments.compare.tensorboard_layout import layout, write_layout
+from tools import tensorboard_screenshot as shot
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import gettext
 import io
 import json
 import random
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import sacrebleu
 import torch
 
-from tasks.data.base import IGNORE_INDEX
+from tasks.data.base import IGNORE_INDEX, DataError
 from tasks.data.gettext_corpus import read_gettext_pairs, strip_mnemonic
 from tasks.data.parallel_corpus import carve, source_hash
 from tasks.data.parallel_text import data_files, read_pairs
@@ -139,6 +140,17 @@ def test_unreadable_catalog_is_skipped_and_listed(tmp_path):
     with pytest.warns(UserWarning, match="broken.mo"):
         pairs, summary = read_gettext_pairs(tmp_path, "de")
     assert pairs == [("Size", "Größe")] and summary["unreadable_catalogs"] == ["broken.mo"] and summary["catalogs"] == 1
+
+
+def test_a_catalog_with_an_unknown_charset_is_skipped_and_named(tmp_path):
+    """A charset Python has no codec for (LookupError, not a ValueError) once aborted the whole corpus load."""
+    write_mo(tmp_path / "de" / "LC_MESSAGES" / "good.mo", {"Size": "Größe"})
+    write_mo(tmp_path / "de" / "LC_MESSAGES" / "odd.mo", {"Street": "Strasse"}, charset="ASCII")
+    odd = tmp_path / "de" / "LC_MESSAGES" / "odd.mo"
+    odd.write_bytes(odd.read_bytes().replace(b"charset=ASCII", b"charset=X-NONE"))
+    with pytest.warns(UserWarning, match=r"skipping unreadable gettext catalog .*odd\.mo \(unknown encoding: X-NONE"):
+        pairs, summary = read_gettext_pairs(tmp_path, "de")
+    assert pairs == [("Size", "Größe")] and summary["unreadable_catalogs"] == ["odd.mo"] and summary["catalogs"] == 1
 
 
 @pytest.mark.parametrize(
@@ -346,9 +358,34 @@ def test_aligned_files_must_exist_and_have_equal_line_counts(tmp_path):
         TranslationDataModule(source="files", train_data=str(tmp_path / "bad"), cache_dir=str(tmp_path), **SMALL)
     german.write_text("".join((FIXTURES / "tiny.de").read_text().splitlines(keepends=True)[:-1]))
     dm = TranslationDataModule(source="files", train_data=str(tmp_path / "bad"), cache_dir=str(tmp_path), **SMALL)
-    with pytest.raises(ValueError) as error:
+    with pytest.raises(DataError) as error:  # a DataError: `zoo fit` prints it as one line
         dm.corpus()
-    assert str(error.value) == f"line-aligned files differ in length: {english} has 24 lines, {german} has 23"
+    assert str(error.value) == (
+        f"{str(english)!r} line 24 has no counterpart in {str(german)!r}: line-aligned files differ in length "
+        f"({english.name} has 24 lines, {german.name} has 23)"
+    )
+    german.write_text((FIXTURES / "tiny.de").read_text() + "noch eine Zeile\n")
+    with pytest.raises(DataError, match=rf"^{re.escape(repr(str(german)))} line 25 has no counterpart in "):
+        read_pairs(str(tmp_path / "bad"), source_lang="en", target_lang="de", source_field="s", target_field="t")
+
+
+@pytest.mark.parametrize("name", ["bad", "bad.tsv", "bad.jsonl"])
+def test_invalid_utf8_is_named_with_file_and_line(tmp_path, name):
+    lines = [b"one\tEins", b"two\tzwei", "drei\tStra\u00dfe".encode("latin-1"), b"four\tvier"]
+    if name == "bad.jsonl":
+        lines = [json.dumps({"source": "a", "target": "b"}).encode()] * 2 + ['{"source": "c", "target": "Stra\u00dfe"}'
+                                                                            .encode("latin-1")]  # fmt: skip
+    for path in data_files(str(tmp_path / name), "en", "de"):
+        column = 0 if name.endswith((".tsv", ".jsonl")) or path.suffix == ".en" else 1
+        if name == "bad":
+            path.write_bytes(b"\n".join(line.split(b"\t")[column] for line in lines) + b"\n")
+        else:
+            path.write_bytes(b"\n".join(lines) + b"\n")
+    bad = data_files(str(tmp_path / name), "en", "de")[-1]
+    with pytest.raises(DataError) as error:
+        read_pairs(str(tmp_path / name), source_lang="en", target_lang="de", source_field="source",
+                   target_field="target")  # fmt: skip
+    assert str(error.value) == f"{str(bad)!r} line 3: not valid utf-8 (byte 0xdf: invalid continuation byte)"
 
 
 def test_files_with_own_val_and_test_keep_them_in_order_and_report_overlap(tmp_path):

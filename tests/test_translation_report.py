@@ -9,7 +9,7 @@ import json
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from experiments import translation_report
+from experiments.studies import translation_report
 
 
 def fake_run(root, label, attention, options, bleu):

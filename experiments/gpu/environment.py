@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from experiments.bench_measure import time_calls
+from experiments.bench.measure import time_calls
 
 
 def _version(package: str) -> str | None:

@@ -8,8 +8,8 @@ d = 64, against the raw SDPA flash kernel at every length.
 - ``linformer``: Linformer Table 3's projected dimensions k = 128 ... 2048 (Wang et al. 2020,
   arXiv:2006.04768), forward, n = 512 ... 65536, each k from n = 2k as in the paper's table.
 
-The committed CPU configs (``experiments/nystromformer_table.yaml``, ``linformer_table3.yaml``) measure the
-``mha`` and ``encoder`` levels in fp32/fp16 with a 30-minute max-batch search; those settings do not fit a
+The committed CPU configs (``experiments/bench/configs/nystromformer_table.yaml``, ``linformer_table3.yaml``)
+measure the ``mha`` and ``encoder`` levels in fp32/fp16 with a 30-minute max-batch search; those settings do not fit a
 lease of minutes, so these grids time the cores alone at a fixed batch.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import attention_zoo as az
-from experiments import bench
+from experiments.bench import command as bench
 from experiments.gpu.measure import RAW_SDPA, Workload
 
 

@@ -1,12 +1,12 @@
 """One timed workload of the GPU suite, in the suite's own process: an attention core of the registry
-(:func:`experiments.bench_measure.build_step`, the workload ``zoo bench`` times) or the raw
+(:func:`experiments.bench.measure.build_step`, the workload ``zoo bench`` times) or the raw
 ``F.scaled_dot_product_attention`` under one SDPA backend, the baseline of every GPU target.
 
 Time: CUDA events around each call after warm-up, the median of the repeats (CPU: ``perf_counter``).
 Memory: ``torch.cuda.max_memory_allocated`` during one more call, above what was allocated before it.
 
 The floor of a call is max(FLOPs / peak, bytes / bandwidth), with the peak and bandwidth measured in the
-same run (:mod:`experiments.gpu.environment`). FLOPs are the formulas of :mod:`experiments.flops` (matrix
+same run (:mod:`experiments.gpu.environment`). FLOPs are the formulas of :mod:`experiments.bench.flops` (matrix
 products only; fwd+bwd = 3 x fwd). Bytes are an estimate: the inputs and outputs of the pass, each moved
 once (fwd: q, k, v read, the output written: 4 B H n d elements; fwd+bwd adds the output gradient and the
 saved tensors read back, and dq, dk, dv written: 12 B H n d), plus every intermediate the core
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from experiments import flops
-from experiments.bench_cases import Case
-from experiments.bench_measure import build_step, classify, time_calls
+from experiments.bench import flops
+from experiments.bench.cases import Case
+from experiments.bench.measure import build_step, classify, time_calls
 
 #: the label of the raw ``F.scaled_dot_product_attention`` baseline in results
 RAW_SDPA = "sdpa"

@@ -42,7 +42,7 @@ from jsonargparse import ArgumentParser
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor
 
-from experiments.compare_runs import is_finished
+from experiments.compare.runs import is_finished
 from experiments.console import console
 from experiments.stats import summarize
 from experiments.studies.approx_methods import (

@@ -7,7 +7,7 @@ the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of 
 ``experiments/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
 collects them, whatever is finished so far, and says which runs and seeds exist.
 
-    zoo study mlm --runs_dir /work/runs/linformer_paper --out experiments/results/linformer_paper/mlm
+    zoo study mlm --runs_dir runs/linformer_paper --out experiments/results/linformer_paper/mlm
     zoo study mlm --replot experiments/results/linformer_paper/mlm     # table and figure from the committed CSVs
 
 Writes ``curves.csv`` (val/ppl by step from each run's TensorBoard events), ``runs.csv`` (one row per expected
@@ -29,8 +29,8 @@ from jsonargparse import ArgumentParser
 
 from attention_zoo import attention_options, get_attention_class
 from attention_zoo.linformer import DEFAULT_K
-from experiments.compare import plan
-from experiments.compare_runs import read_record
+from experiments.compare.command import plan
+from experiments.compare.runs import read_record
 from experiments.console import console
 from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
 from experiments.studies.common import write_csv

@@ -40,7 +40,8 @@ Python's gettext decodes a catalog's header as UTF-8 before it knows the catalog
 carrying a Latin-1 translator name (Debian's German ``net-tools.mo``) raises UnicodeDecodeError. Such a
 header's non-ASCII bytes are replaced by ``?`` (same length, so every offset in the file stays valid; the
 charset and plural fields it needs are ASCII) and the catalog is read again (``repaired_headers``). A
-catalog that still cannot be read is skipped with a warning and listed in ``unreadable_catalogs``.
+catalog that still cannot be read, or whose charset Python has no codec for, is skipped with a warning
+naming it and listed in ``unreadable_catalogs``.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def read_gettext_pairs(locale_dir: Path, lang: str) -> tuple[list[Pair], dict]:
     for path in paths:
         try:
             catalog, was_repaired = read_catalog(path)
-        except (OSError, ValueError, struct.error) as error:  # UnicodeDecodeError is a ValueError
+        # UnicodeDecodeError is a ValueError; LookupError: a charset Python has no codec for
+        except (OSError, ValueError, LookupError, struct.error) as error:
             warnings.warn(f"skipping unreadable gettext catalog {path} ({error})", stacklevel=2)
             unreadable.append(path.name)
             continue

@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tasks.data.base import DataError
+
 Pair = tuple[str, str]
 HF_SPLITS = {"train": "train", "val": "validation", "test": "test"}
 
@@ -36,9 +38,19 @@ def data_files(path: str, source_lang: str, target_lang: str) -> list[Path]:
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    # utf-8-sig: a byte order mark opening the file is dropped, as the text classification reader drops it
-    with path.open(encoding="utf-8-sig", newline="\n") as file:
-        return [line.removesuffix("\n").removesuffix("\r") for line in file]
+    data = path.read_bytes()
+    try:
+        # utf-8-sig: a byte order mark opening the file is dropped, as the text classification reader drops it
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataError(
+            f"{str(path)!r} line {line}: not valid utf-8 (byte {data[error.start]:#04x}: {error.reason})"
+        ) from None
+    lines = text.split("\n")  # only \n ends a line
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def _field(record: object, name: str, path: Path, number: int) -> str:
@@ -46,10 +58,10 @@ def _field(record: object, name: str, path: Path, number: int) -> str:
     for part in name.split("."):
         if not isinstance(value, dict) or part not in value:
             keys = sorted(value) if isinstance(value, dict) else type(value).__name__
-            raise ValueError(f"{path}:{number}: no field {name!r} (at {part!r}: found {keys})")
+            raise DataError(f"{path}:{number}: no field {name!r} (at {part!r}: found {keys})")
         value = value[part]
     if not isinstance(value, str):
-        raise ValueError(f"{path}:{number}: field {name!r} is a {type(value).__name__}, not a string")
+        raise DataError(f"{path}:{number}: field {name!r} is a {type(value).__name__}, not a string")
     return value
 
 
@@ -59,9 +71,11 @@ def read_pairs(path: str, *, source_lang: str, target_lang: str, source_field: s
     if len(files) == 2:
         sources, targets = _lines(files[0]), _lines(files[1])
         if len(sources) != len(targets):
-            raise ValueError(
-                f"line-aligned files differ in length: {files[0]} has {len(sources)} lines, "
-                f"{files[1]} has {len(targets)}"
+            longer, shorter = files if len(sources) > len(targets) else files[::-1]
+            raise DataError(
+                f"{str(longer)!r} line {min(len(sources), len(targets)) + 1} has no counterpart in {str(shorter)!r}: "
+                f"line-aligned files differ in length ({files[0].name} has {len(sources)} lines, {files[1].name} "
+                f"has {len(targets)})"
             )
         return list(zip(sources, targets, strict=True))
     pairs = []
@@ -69,7 +83,7 @@ def read_pairs(path: str, *, source_lang: str, target_lang: str, source_field: s
         if path.endswith(".tsv"):
             fields = line.split("\t")
             if len(fields) != 2:
-                raise ValueError(
+                raise DataError(
                     f"{files[0]}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)}"
                 )
             pairs.append((fields[0], fields[1]))
@@ -77,7 +91,7 @@ def read_pairs(path: str, *, source_lang: str, target_lang: str, source_field: s
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{files[0]}:{number}: not valid JSON ({error})") from None
+                raise DataError(f"{files[0]}:{number}: not valid JSON ({error})") from None
             pairs.append(
                 (_field(record, source_field, files[0], number), _field(record, target_field, files[0], number))
             )

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tasks.data.base import write_atomically
+from tasks.data.base import DataError, write_atomically
 
 SPECIAL_TOKENS = ("<pad>", "<cls>", "<mask>", "<unk>")
 PAD_ID, CLS_ID, MASK_ID, UNK_ID = range(len(SPECIAL_TOKENS))
@@ -88,7 +88,7 @@ class TextTokenizer:
             )
         tokenizer.train_from_iterator(texts, trainer=trainer)
         if tokenizer.get_vocab_size() > vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"the trained {kind} vocabulary has {tokenizer.get_vocab_size()} tokens (the alphabet of the "
                 f"training text alone needs that many), more than tokenizer_vocab_size={vocab_size}; raise it"
             )

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments import bench_tables as tables
-from experiments.bench_plots import write_plots, write_tensorboard
-from experiments.bench_store import ResultStore
+from experiments.bench import tables
+from experiments.bench.plots import write_plots, write_tensorboard
+from experiments.bench.store import ResultStore
 
 METHOD = """\
 Method: each case runs in a fresh worker process (unless `isolation: none`), builds its inputs and
@@ -22,7 +22,7 @@ encoder-decoder, with the decoding cache / recomputing the decoder over the pref
 (warm) call: on CUDA `torch.cuda.max_memory_allocated` after a reset; on CPU the resident-set
 high-water mark (`VmHWM`, reset through `/proc/self/clear_refs` after `malloc_trim(0)`) minus the
 resident set before the call. The CPU figure counts whole pages and every allocation of the process,
-and a block freed and reused within the call once. FLOPs are formulas (`experiments/flops.py`: matrix
+and a block freed and reused within the call once. FLOPs are formulas (`experiments/bench/flops.py`: matrix
 products only, fwd+bwd = 3x fwd; n/a where none is known); the peak is the best large matmul of the
 same dtype and threads on the same device. Ratios are full attention (SDPA backend) / mechanism in
 the same setting: > 1 means faster or smaller."""

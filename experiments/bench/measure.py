@@ -1,6 +1,6 @@
-"""Measuring one :class:`~experiments.bench_cases.Case`: build the workload, time it, read its peak memory.
+"""Measuring one :class:`~experiments.bench.cases.Case`: build the workload, time it, read its peak memory.
 
-Also the worker: ``python -m experiments.bench_measure`` reads one job (JSON) on stdin and prints one
+Also the worker: ``python -m experiments.bench.measure`` reads one job (JSON) on stdin and prints one
 result line, so that the runner can give every case a fresh process (memory isolation; an OOM or a
 crash ends that case only).
 
@@ -44,7 +44,7 @@ import attention_zoo as az
 from attention_zoo.decoding import greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import EncoderLayer
-from experiments.bench_cases import DECODE_MODES, Case
+from experiments.bench.cases import DECODE_MODES, Case
 
 RESULT_MARKER = "BENCH_RESULT "
 STATUS_FILE = Path("/proc/self/status")  # Linux

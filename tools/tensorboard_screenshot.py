@@ -1,7 +1,7 @@
 """Look at a ``zoo compare`` experiment in TensorBoard as a user would: start TensorBoard on it, open its
 Custom Scalars and HParams pages in headless Chromium, and save screenshots.
 
-    python -m experiments.tensorboard_screenshot runs/majority-1024 --out runs/majority-1024/screenshots
+    python -m tools.tensorboard_screenshot runs/majority-1024 --out runs/majority-1024/screenshots
 
 Needs the ``chromium`` binary (Debian: ``apt-get install chromium``); ``tests/test_tensorboard_page.py``
 runs this on a tiny experiment where Chromium is installed and skips where it is not. The screenshots

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import attention_zoo
-from experiments.bench_cases import Case
+from experiments.bench.cases import Case
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
 

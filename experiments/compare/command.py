@@ -38,7 +38,7 @@ checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An expe
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
 directory (``<experiment>-2``, ...). Ctrl-C stops the running subprocess cleanly, writes the summary of what
 finished (the rest marked interrupted or not run) and exits with 130. One command at a time per experiment: a
-second one stops with one error line (``experiments/experiment_lock.py``; ``--force_unlock`` takes over a lock
+second one stops with one error line (``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock
 that another host holds).
 
 ``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
@@ -65,7 +65,8 @@ from jsonargparse.typing import Path_fr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
-from experiments.compare_runs import (
+from experiments.compare.lock import ExperimentLocked, experiment_lock
+from experiments.compare.runs import (
     Entry,
     Run,
     attempt,
@@ -73,13 +74,12 @@ from experiments.compare_runs import (
     is_tested,
     run_row,
 )
-from experiments.compare_summary import format_interval, primary_metric, print_table, write_outputs
+from experiments.compare.summary import format_interval, primary_metric, print_table, write_outputs
+from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
-from experiments.experiment_lock import ExperimentLocked, experiment_lock
 from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
-from experiments.tensorboard_layout import write_layout
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
@@ -144,7 +144,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--force_unlock", "--force-unlock", type=bool, default=False,
-        help="take over the experiment's lock even when another host holds it (experiments/experiment_lock.py)",
+        help="take over the experiment's lock even when another host holds it (experiments/compare/lock.py)",
     )  # fmt: skip
     return parser
 
@@ -400,7 +400,7 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     print_table(summary, metric, out)
     written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"
     if config.bench:
-        from experiments.report import write_report
+        from experiments.compare.report import write_report
 
         report = write_report(directory, Path(config.bench))
         written += f", {report.name}, pareto.png"

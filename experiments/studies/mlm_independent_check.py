@@ -4,8 +4,7 @@ Trains, on the same batches of the study's data module (n = 512, batch 2, byte-l
 library), two models of the same size (dim 128, depth 4, 4 heads, ff 512, no dropout, pre-LayerNorm):
 
 - ``library``: ``attention_zoo.TransformerEncoder`` with full attention + a linear head (the study's model), in the
-  library's initialisation (``attention_zoo.init``; the earlier inits and the candidates of the committed output ran
-  with this script as of commit 29802f3, whose ``--library_init`` built them);
+  library's initialisation (``attention_zoo.init``);
 - ``reference``: ``torch.nn.TransformerEncoder`` (PyTorch's own attention and layers, norm_first) with learned
   token and position embeddings + a linear head: nothing of the library but the data.
 
@@ -13,7 +12,8 @@ Same optimiser and schedule as the study (AdamW, lr 1e-3, weight decay 0.01, lin
 gradient clip 1.0). Prints validation perplexity (over the masked tokens of the first 16 validation batches) for
 both at every ``--every`` updates, and the unigram perplexity of the labels as the no-context baseline.
 
-    OMP_NUM_THREADS=1 python experiments/results/linformer_paper/mlm_independent_check.py --steps 600
+    OMP_NUM_THREADS=1 python -m experiments.studies.mlm_independent_check --steps 600
+    (output: experiments/results/linformer_paper/mlm_independent_check.txt)
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def schedule(step: int, warmup: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--warmup", type=int, default=60)
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--activation", default="relu", choices=["relu", "gelu"], help="reference FF (library: gelu)")
     parser.add_argument("--seed", type=int, default=0, help="seed of both models' initialisation (data: seed 0)")
     parser.add_argument("--models", default="both", choices=["both", "library"], help="library: skip the reference")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = MaskedLMDataModule(max_seq_len=args.n, batch_size=args.batch, seed=0)
     data.prepare_data()
@@ -129,7 +129,8 @@ def main() -> None:
             ppl = {name: evaluate(m[0], m[1]) for name, m in models.items()}
             print(f"step {step + 1}: val ppl " + ", ".join(f"{k} {v:.3f}" for k, v in ppl.items())
                   + f"  ({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -28,8 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.bench_tables import is_baseline
-from experiments.compare_summary import (
+from experiments.bench.tables import is_baseline
+from experiments.compare.summary import (
     format_difference,
     format_interval,
     lower_is_better,

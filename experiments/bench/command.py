@@ -2,8 +2,8 @@
 attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table layouts) + PNG + TensorBoard.
 
   zoo bench --attentions full,linformer:k=128 --seq-lens 512,1024 --mode fwd+bwd
-  zoo bench --config experiments/linformer_table3.yaml --out runs/linformer_table3
-  zoo bench --config experiments/decoding.yaml --out runs/decoding     (greedy decoding: cache vs recompute)
+  zoo bench --config experiments/bench/configs/linformer_table3.yaml --out runs/linformer_table3
+  zoo bench --config experiments/bench/configs/decoding.yaml --out runs/decoding   (greedy decoding, cache vs not)
   zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
 
 Every flag is also a YAML key of ``--config`` (underscores for dashes); flags win over the file. List
@@ -33,11 +33,11 @@ import yaml
 from rich.markdown import Markdown
 
 import attention_zoo as az
-from experiments import bench_tables, targets
-from experiments.bench_cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
-from experiments.bench_report import write_outputs
-from experiments.bench_runner import Runner
-from experiments.bench_store import ResultStore
+from experiments.bench import tables, targets
+from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
+from experiments.bench.report import write_outputs
+from experiments.bench.runner import Runner
+from experiments.bench.store import ResultStore
 from experiments.console import console
 
 #: short spellings of list flags (``--mode fwd+bwd`` reads as well as ``--modes``)
@@ -114,7 +114,7 @@ def default_attentions() -> list[AttentionSpec]:
 def with_baseline(config: BenchConfig) -> BenchConfig:
     if not config.attentions:
         config = dataclasses.replace(config, attentions=default_attentions())
-    if any(bench_tables.is_baseline({"attention": s.attention, "options": s.options}) for s in config.attentions):
+    if any(tables.is_baseline({"attention": s.attention, "options": s.options}) for s in config.attentions):
         return config
     console().print("adding full (SDPA backend) as the baseline")
     return dataclasses.replace(config, attentions=[AttentionSpec("full"), *config.attentions])
@@ -190,9 +190,9 @@ def main(argv: list[str]) -> int:
     else:
         keys = {c.key() for c in cases}
         swept = [row for key, row in latest.items() if key in keys]
-        out.print(Markdown(bench_tables.nystromformer_table(swept)))
-        out.print(Markdown("**Crossover**\n\n" + bench_tables.crossover_table(swept)))
-        decoding = bench_tables.decoding_table(swept)
+        out.print(Markdown(tables.nystromformer_table(swept)))
+        out.print(Markdown("**Crossover**\n\n" + tables.crossover_table(swept)))
+        decoding = tables.decoding_table(swept)
         if decoding:
             out.print(Markdown("**Greedy decoding: cache vs recomputation**\n\n" + decoding))
     out.print(
@@ -200,3 +200,8 @@ def main(argv: list[str]) -> int:
         f"in {args.out}/plots, TensorBoard logs in {paths['tensorboard']}"
     )
     return 0
+
+
+def targets_main(argv: list[str]) -> int:
+    """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``: ``zoo bench --check-targets``."""
+    return main(["--check-targets", *argv])

@@ -58,7 +58,7 @@ from typing import Any
 
 import attention_zoo as az
 from attention_zoo.linformer import default_k
-from experiments.bench_cases import Case
+from experiments.bench.cases import Case
 
 #: options, n, d, causal -> forward FLOPs of one head at one layer, or None where not covered
 HeadFlops = Callable[[dict[str, Any], int, int, bool], float | None]

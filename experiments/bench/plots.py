@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from experiments.bench_tables import Row, by_config, group_rows, group_title  # noqa: E402
+from experiments.bench.tables import Row, by_config, group_rows, group_title  # noqa: E402
 
 QUANTITIES = (("time_ms_median", "time (ms, median)"), ("peak_mb", "peak memory (MB)"))
 

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from experiments.bench_cases import attention_label
+from experiments.bench.cases import attention_label
 
 GROUP_FIELDS = ("level", "mode", "dtype", "device", "threads", "heads", "dim_head", "dim", "depth", "ff_mult")
 GROUP_FIELDS += ("vocab_size", "causal", "batch")

@@ -4,8 +4,8 @@
 Protocol (the issues' wording): CPU, one thread (these machines throttle a second busy thread), the
 attention core alone, B=1, H=8, D=64, float32, forward+backward, minimum of repeats, speedup over
 ``full`` with the SDPA backend at n = 4096 (a causal target: over causal ``full``); linear scaling as
-time(n=8192) / time(n=2048) <= 5 (issue 11's rows: <= 4.5), and, where a target asks, peak memory growing no
-faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4; for the recurrent decoders (issue 11), one decoding
+time(n=8192) / time(n=2048) <= 5 (the kernel family's and MoBA's rows: <= 4.5), and, where a target asks, peak memory growing no
+faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4; for the recurrent decoders, one decoding
 step (``zoo bench`` mode ``decode-step``: B=1, one new position after a prefill of n) at n = 4096 costs at
 most 1.5x one at n = 256.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from rich.table import Table
 
 import attention_zoo as az
-from experiments.bench_cases import Case
+from experiments.bench.cases import Case
 
 SPEEDUP_N, SCALING_NS = 4096, (2048, 8192)
 #: constant-state decoding: one decoding step at position 4096 costs at most 1.5x one at position 256
@@ -41,12 +41,12 @@ TARGETS: tuple[Target, ...] = (
     Target("nystrom", {"num_landmarks": 64}, min_speedup=14.0, max_scaling=5.0),
     Target("local", {"window": 256}, min_speedup=4.0, max_scaling=5.0),
     Target("lsh", {"n_hashes": 4, "bucket_size": 64}, min_speedup=2.0),
-    # issue 11: top_k counts the gated blocks besides the own one (5 blocks of 128 keys per query)
+    # top_k counts the gated blocks besides the own one (5 blocks of 128 keys per query)
     Target("moba", {"block_size": 128, "top_k": 4}, min_speedup=3.0, max_scaling=4.5, max_memory_growth=4.0),
     Target(
         "moba", {"block_size": 128, "top_k": 4}, min_speedup=2.5, max_scaling=4.5, max_memory_growth=4.0, causal=True
     ),
-    # issue 11: kernelized attention, every one with linear time and memory
+    # kernelized attention, every one with linear time and memory
     Target("performer", {"nb_features": 256}, min_speedup=6.0, max_scaling=4.5, max_memory_growth=4.0),
     Target(
         "performer",
@@ -166,10 +166,3 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
             "yes" if met else "NO",
         )
     return table
-
-
-def main(argv: list[str]) -> int:
-    """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``."""
-    from experiments import bench
-
-    return bench.main(["--check-targets", *argv])

@@ -29,13 +29,13 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
-from experiments.bench_cases import DECODE_MODES, BenchConfig, Case
-from experiments.bench_measure import RESULT_MARKER, measure_case, measure_peak_tflops
-from experiments.bench_store import ResultStore, code_fingerprint, machine_info, now
+from experiments.bench.cases import DECODE_MODES, BenchConfig, Case
+from experiments.bench.flops import case_flops
+from experiments.bench.measure import RESULT_MARKER, measure_case, measure_peak_tflops
+from experiments.bench.store import ResultStore, code_fingerprint, machine_info, now
 from experiments.console import console
-from experiments.flops import case_flops
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CPU_BUDGET_GB = 8.0
 
 
@@ -57,13 +57,13 @@ def precheck(case: Case) -> dict[str, str] | None:
 
 
 def run_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[str, Any]:
-    """One job in a fresh ``python -m experiments.bench_measure``; its result, or why there is none."""
+    """One job in a fresh ``python -m experiments.bench.measure``; its result, or why there is none."""
     env = os.environ | {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    command = [sys.executable, "-m", "experiments.bench_measure"]
+    command = [sys.executable, "-m", "experiments.bench.measure"]
     try:
         proc = subprocess.run(
             command, input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env
