@@ -25,13 +25,16 @@ so a core only ever sees well-formed input.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from attention_zoo.catalog import names_with
+
+Approximation = Literal["none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing"]
+APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 
 
 @dataclass
@@ -99,9 +102,12 @@ class AttentionCore(nn.Module):
     needs_shared_qk: ClassVar[bool] = False
     #: construction fails without ``max_seq_len`` (e.g. learned ``k x n`` projections)
     requires_max_seq_len: ClassVar[bool] = False
-    #: no approximation: softmax attention computed exactly over the keys the core lets each query see
-    #: (all keys for ``full``; the declared pattern for the sparse family)
-    exact: ClassVar[bool] = False
+    #: what the core computes in place of softmax over every key (``zoo list``, column ``approximation``):
+    #: ``"none"`` (it is full attention), ``"fixed sparsity"`` (exact softmax over a fixed pattern of keys),
+    #: ``"content-selected sparsity"`` (exact softmax over keys its own scores select), ``"low rank"``,
+    #: ``"kernel"`` (a feature map in place of exp), ``"hashing"`` (softmax over keys that share a hash bucket).
+    #: Every registered core declares it (``register_attention`` checks).
+    approximation: ClassVar[Approximation]
     #: small option sets (for n of a few dozen tokens, ``max_seq_len=64``) under which the
     #: mechanism's approximate or chunked path really runs; the conformance suite and the demo use them
     example_configs: ClassVar[tuple[dict[str, Any], ...]] = ({},)
@@ -154,8 +160,8 @@ class AttentionCore(nn.Module):
         """Declare that option ``option`` (``value``; ``default`` when not given) is a size a sequence length n
         bounds: at most ``per_position * n`` (e.g. 2 for Longformer's window, w/2 keys on each side), or the
         default when that is larger (a default is never refused). Checked now against ``max_seq_len``; a core
-        built without one checks each call against its key length, with the same message, before anything is
-        allocated for the option."""
+        built without one checks each forward call against its key length, with the same message, before
+        anything is allocated for the option (not a decoding step: the length it will reach is not known yet)."""
         self._length_bounds[option] = (value, default, per_position, minimum)
         if self.max_seq_len is not None:
             self.check_length_bounds(self.max_seq_len, "max_seq_len")
@@ -209,8 +215,6 @@ class AttentionCore(nn.Module):
             raise ValueError(
                 f"{self.name}.decode: q and k must cover the same new positions; got {t} and {k.shape[-2]}"
             )
-        if self.max_seq_len is None:
-            self.check_length_bounds(total, "the decoded length")
         if self.max_seq_len is not None and total > self.max_seq_len:
             raise ValueError(
                 f"{self.name}.decode: position {total} exceeds max_seq_len={self.max_seq_len} it was built for"
@@ -324,7 +328,7 @@ class AttentionCore(nn.Module):
         if self.needs_shared_qk and not _same_tensor(q, k):
             raise ValueError(
                 f"{name} shares one projection for queries and keys (needs_shared_qk): pass k = q (the same "
-                "tensor), got a different k; MultiHeadAttention does this for you"
+                "tensor), got a k with other values; MultiHeadAttention does this for you"
             )
 
     @classmethod
@@ -366,12 +370,21 @@ class _RefuseDoubleBackward(torch.autograd.Function):
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:
-    """``a`` and ``b`` are one tensor: the same object, or views of the same memory (torch.utils.checkpoint
-    with use_reentrant=True detaches each argument separately)."""
+    """``a`` and ``b`` are one tensor: the same object, a view of the same memory (torch.utils.checkpoint with
+    use_reentrant=True detaches each argument separately), or else equal values (NaN where the other has NaN;
+    only this last, rare case reads the values, a device synchronisation)."""
     if a is b:
         return True
-    same_view = (a.shape, a.stride(), a.dtype, a.device) == (b.shape, b.stride(), b.dtype, b.device)
-    return same_view and a.numel() > 0 and a.data_ptr() == b.data_ptr() and a.storage_offset() == b.storage_offset()
+    if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+        return False
+    if (
+        a.stride() == b.stride()
+        and a.numel() > 0
+        and (a.data_ptr(), a.storage_offset()) == (b.data_ptr(), b.storage_offset())
+    ):
+        return True
+    with torch.no_grad():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
 
 
 def zero_padded(t: Tensor, mask: Tensor) -> Tensor:

@@ -45,14 +45,14 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import BuildContext
+from attention_zoo.core import Approximation, BuildContext
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
 
 @register_attention("cosformer")
 class CosFormerAttention(KernelAttention):
-    exact: ClassVar[bool] = False
+    approximation: ClassVar[Approximation] = "kernel"
     requires_max_seq_len: ClassVar[bool] = True
     #: the re-weighting reads each query's index in the call, which a decoder's step-by-step cross-attention
     #: cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only

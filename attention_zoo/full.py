@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState, refuse_double_backward
+from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState, refuse_double_backward
 from attention_zoo.decoding_cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
@@ -52,7 +52,7 @@ def xformers_available() -> bool:
 
 @register_attention("full")
 class FullAttention(AttentionCore):
-    exact: ClassVar[bool] = True
+    approximation: ClassVar[Approximation] = "none"
     has_decoding_cache: ClassVar[bool] = True
     #: math: autograd; sdpa: :func:`attention_zoo.masks.sdpa`'s second-order path; xformers refuses it
     supports_double_backward: ClassVar[bool] = True

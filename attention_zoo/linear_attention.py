@@ -28,14 +28,14 @@ from typing import ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.core import BuildContext
+from attention_zoo.core import Approximation, BuildContext
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
 
 @register_attention("linear")
 class LinearAttention(KernelAttention):
-    exact: ClassVar[bool] = False
+    approximation: ClassVar[Approximation] = "kernel"
     example_configs = ({"chunk_size": 8}, {"chunk_size": 5})
     notes: ClassVar[str] = (
         "kernel elu(x)+1 instead of softmax (not an approximation of it); causal by exact chunked prefix sums; "

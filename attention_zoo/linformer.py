@@ -44,7 +44,7 @@ from typing import ClassVar
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import Approximation, AttentionCore, BuildContext
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import sdpa
 from attention_zoo.registry import register_attention
@@ -59,6 +59,7 @@ def default_k(max_seq_len: int) -> int:
 
 @register_attention("linformer")
 class LinformerAttention(AttentionCore):
+    approximation: ClassVar[Approximation] = "low rank"
     supports_causal: ClassVar[bool] = False
     requires_max_seq_len: ClassVar[bool] = True
     supports_double_backward: ClassVar[bool] = True

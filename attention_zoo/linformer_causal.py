@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
 from attention_zoo.decoding_cache import appended, attend_to_cache, builds_graph
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import causal_allowed, sdpa
@@ -66,6 +66,7 @@ class BlockSummaryState(DecodingState):
 
 @register_attention("linformer_causal")
 class CausalLinformerAttention(AttentionCore):
+    approximation: ClassVar[Approximation] = "low rank"
     supports_cross_attention: ClassVar[bool] = False
     supports_double_backward: ClassVar[bool] = True
     has_decoding_cache: ClassVar[bool] = True
@@ -100,6 +101,7 @@ class CausalLinformerAttention(AttentionCore):
         keeps the exact part at the paper's default k)."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         check_projected_length(projection, block_k, block_size, "block_k", "block_size")
+        self.bound_by_length("block_size", block_size, default=256)  # before E and F (k_c x c) are allocated
         self.block_size, self.block_k, self.sharing, self.projection = block_size, block_k, sharing, projection
         self.key_projection, self.value_projection = build_projections(
             projection, sharing, block_k, block_size, heads, self.context, shared_key="linformer_causal_E"

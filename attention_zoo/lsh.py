@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState, zero_padded
+from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState, zero_padded
 from attention_zoo.lsh_kernel import LSHFunction
 from attention_zoo.registry import register_attention
 
@@ -91,6 +91,7 @@ class LSHDecodingState(DecodingState):
 
 @register_attention("lsh")
 class LSHAttention(AttentionCore):
+    approximation: ClassVar[Approximation] = "hashing"
     supports_cross_attention: ClassVar[bool] = False
     needs_shared_qk: ClassVar[bool] = True
     has_decoding_cache: ClassVar[bool] = True

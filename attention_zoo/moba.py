@@ -68,7 +68,7 @@ from torch import Tensor
 
 from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
 from attention_zoo.registry import register_attention
 
 #: gate scores computed at once on the CPU (a chunk of queries against every block), about 1 MB in float32;
@@ -81,7 +81,7 @@ _MAX_TILE = 64
 @register_attention("moba")
 class MixtureOfBlockAttention(AttentionCore):
     supports_cross_attention: ClassVar[bool] = False
-    exact: ClassVar[bool] = True
+    approximation: ClassVar[Approximation] = "content-selected sparsity"
     has_decoding_cache: ClassVar[bool] = True
     example_configs = ({"block_size": 4, "top_k": 2}, {"block_size": 8, "top_k": 1}, {"block_size": 6, "top_k": 3})
     notes: ClassVar[str] = (

@@ -67,7 +67,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from attention_zoo import chunking
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import Approximation, AttentionCore, BuildContext
 from attention_zoo.masks import masked_softmax
 from attention_zoo.registry import register_attention
 
@@ -174,6 +174,7 @@ class SoftmaxProduct(torch.autograd.Function):
 
 @register_attention("nystrom")
 class NystromAttention(AttentionCore):
+    approximation: ClassVar[Approximation] = "low rank"
     supports_causal: ClassVar[bool] = False
     supports_double_backward: ClassVar[bool] = True
     supports_cross_attention: ClassVar[bool] = False

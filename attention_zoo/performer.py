@@ -74,7 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.core import BuildContext
+from attention_zoo.core import Approximation, BuildContext
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
@@ -96,7 +96,7 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 @register_attention("performer")
 class PerformerAttention(KernelAttention):
-    exact: ClassVar[bool] = False
+    approximation: ClassVar[Approximation] = "kernel"
     example_configs = (
         {"nb_features": 16, "chunk_size": 8},
         {"nb_features": 12, "chunk_size": 5, "redraw_interval": 2, "seed": 3},

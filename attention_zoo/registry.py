@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union
 
 from attention_zoo.catalog import REGISTERED, names_with
-from attention_zoo.core import AttentionCore, BuildContext
+from attention_zoo.core import APPROXIMATIONS, AttentionCore, BuildContext
 
 __all__ = [
     "COMMON_PARAMETERS",
@@ -41,6 +41,11 @@ def register_attention(name: str) -> Callable[[CoreT], CoreT]:
             raise ValueError(f"attention {name!r} is already registered (by {_REGISTRY[name].__qualname__})")
         if not (isinstance(cls, type) and issubclass(cls, AttentionCore)):
             raise TypeError(f"@register_attention({name!r}) needs an AttentionCore subclass, got {cls!r}")
+        if getattr(cls, "approximation", None) not in APPROXIMATIONS:
+            raise TypeError(
+                f"{cls.__qualname__}: declare approximation = one of {', '.join(map(repr, APPROXIMATIONS))}; "
+                f"got {getattr(cls, 'approximation', None)!r}"
+            )
         for option in attention_options(cls):
             if option.kind != inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{cls.__qualname__}: option {option.name!r} must be keyword-only")

@@ -16,8 +16,8 @@ S_i is then empty gives zeros.
 ``"local"``: ``window`` = w is Longformer's: w/2 keys on each side plus the token itself, so w = 256 sees
 257 keys (the "Longformer-257" of the Nystromformer comparison; a causal query sees w/2 + 1).
 
-Exactness: every core equals full attention restricted to its pattern (``exact = True`` means that here,
-not equality with full attention), in every implementation (option ``impl``):
+Exactness: every core equals full attention restricted to its pattern (``approximation = "fixed sparsity"``),
+in every implementation (option ``impl``):
 - ``"auto"`` (default): ``"flex"`` when the inputs are on CUDA (in float32, bfloat16 or float16, head dim
   >= 16), ``"blocked"`` otherwise: each device gets the fastest path that can also train there.
 - ``"flex"``: :mod:`attention_zoo.sparse_flex`, FlexAttention with a block mask from the same mask function,
@@ -53,7 +53,7 @@ from torch.nn.attention.flex_attention import BlockMask, and_masks
 
 from attention_zoo import sparse_flex as flex
 from attention_zoo.block_sparse import TileGroup, band_layout, layout_from_mask, residue_layout, tiled_attention
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
 from attention_zoo.decoding_cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import masked_softmax
 from attention_zoo.registry import register_attention
@@ -109,7 +109,7 @@ class PatternAttention(AttentionCore):
     pattern (:meth:`pattern`) and the tiles of the blocked path (:meth:`tile_layout`)."""
 
     supports_cross_attention: ClassVar[bool] = False
-    exact: ClassVar[bool] = True
+    approximation: ClassVar[Approximation] = "fixed sparsity"
     has_decoding_cache: ClassVar[bool] = True
 
     def __init__(

@@ -4,7 +4,10 @@
 ``recompute`` (the fallback: the causal forward over the whole prefix at every step) or ``-`` (not causal;
 a decoder uses the core named in the causal column instead, where there is one). ``grad²``: second-order
 gradients (a backward with create_graph=True: gradient penalty, Hessian-vector product) are exact (``yes``)
-or refused with one error naming the core (``no``)."""
+or refused with one error naming the core (``no``). ``approximation``: what the core computes in place of
+softmax over every key (:data:`attention_zoo.core.APPROXIMATIONS`): ``none`` is full attention; ``fixed
+sparsity`` and ``content-selected sparsity`` are exact softmax over the keys of a fixed pattern or of the core's
+own selection, not equality with full attention."""
 
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ CAPABILITIES = (
     "supports_cross_attention",
     "needs_shared_qk",
     "requires_max_seq_len",
-    "exact",
     "supports_double_backward",
 )
 
@@ -41,7 +43,16 @@ def rows() -> list[dict[str, str]]:
         elif cls.causal_counterpart:
             caps["supports_causal"] = f"no (decoders: {cls.causal_counterpart})"
         decoding = "cache" if cls.has_decoding_cache else "recompute" if cls.supports_causal else "-"
-        out.append({"name": name, **caps, "decoding": decoding, "options": options or "-", "notes": cls.notes or "-"})
+        out.append(
+            {
+                "name": name,
+                "approximation": cls.approximation,
+                **caps,
+                "decoding": decoding,
+                "options": options or "-",
+                "notes": cls.notes or "-",
+            }
+        )
     return out
 
 
@@ -50,14 +61,19 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     table = Table(title="registered attention mechanisms", show_lines=True)
     headers = [
-        "name", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "exact", "grad²", "decoding",
+        "name", "approximation", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "grad²", "decoding",
         "options", "notes",
     ]  # fmt: skip
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows():
         table.add_row(
-            row["name"], *(row[c] for c in CAPABILITIES), row["decoding"], escape(row["options"]), escape(row["notes"])
+            row["name"],
+            row["approximation"],
+            *(row[c] for c in CAPABILITIES),
+            row["decoding"],
+            escape(row["options"]),
+            escape(row["notes"]),
         )
     console().print(table)
     return 0

@@ -24,6 +24,16 @@ every logger's ``save_dir`` must be a directory this process can write in (or cr
 model is built, and still before the Trainer writes anything: the checkpoint a run resumes from (``--ckpt_path
 last``: the run's newest ``last.ckpt``) must have the configured attention and options and fit the model's
 weights; otherwise one error line names the sizes that differ and the run's files stay as they were.
+``zoo validate`` / ``test`` refuse ``--ckpt_path best`` and a ``last`` with no checkpoint (an untrained model)
+and name a vocabulary that differs from the checkpoint's as the data's; ``--seed_everything`` must be in
+[0, 2**32 - 1]. A refusal raised inside the Trainer (the data's ``prepare_data``, a task/data mismatch) removes
+the run folder this command created. A size that ``--ckpt_path`` overrides (LightningCLI builds the model with
+the checkpoint's hyperparameters) is named in one ``zoo <command>: warning:`` line.
+
+A bad flag or config value is one line too (:func:`parser_error_line`: an unknown key with the nearest valid
+ones, a value of the wrong type with the types allowed) instead of jsonargparse's usage and nested message;
+a bare ``--verbose`` (``--verbose true|false`` stays Lightning's option of validate and test) or
+``ZOO_VERBOSE=1`` prints that full message before the line.
 """
 
 from __future__ import annotations

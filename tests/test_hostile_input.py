@@ -276,7 +276,8 @@ def test_a_negative_seed_is_one_line(trained, tmp_path):
                                    "did you mean --data.seq_len?"),
         (["--model.attention_options", "[1, 2]"], "--model.attention_options [1, 2]: expected dict[str, Any] or null"),
         (["--model.dim", "abc"], "--model.dim abc: expected int"),
-        (["--trainer.max_stepz", "3"], "unrecognized argument --trainer.max_stepz; did you mean --trainer.max_steps"),
+        (["--trainer.max_stepz", "3"], "unrecognized argument --trainer.max_stepz; did you mean --trainer.max_steps "
+                                       "or --trainer.max_time or --trainer.min_steps?"),
     ],
     ids=["model-key", "data-key", "options-list", "type", "trainer-key"],
 )  # fmt: skip
@@ -570,6 +571,7 @@ def test_a_shared_qk_core_refuses_a_separate_k():
         core(q, k, v)
     assert core(q, q, v).shape == q.shape
     assert core(q, q.detach(), v).shape == q.shape  # a view of the same memory is the same tensor
+    assert torch.equal(core(q, q.clone(), v), core(q, q, v))  # and so is a copy
 
 
 EXCLUDED = "needs one bound_by_length line in {} (another change holds that file)"
@@ -583,6 +585,7 @@ LENGTH_BOUNDS = [
     ("lsh", {"bucket_size": 10**9}, "bucket_size=1000000000 must be in [1, 64]", ""),
     ("lsh", {"n_buckets": 10**9}, "n_buckets=1000000000 must be in [1, ", ""),
     ("lsh", {"n_buckets": 2, "chunk_size": 10**9}, "chunk_size=1000000000 must be in [1, 64]", ""),
+    ("linformer_causal", {"block_size": 10**9, "block_k": 4}, "block_size=1000000000 must be in [1, 256]", ""),
     pytest.param("nystrom", {"num_landmarks": 10**9}, "num_landmarks=1000000000 must be in [1, 64]", "",
                  marks=pytest.mark.xfail(strict=True, reason=EXCLUDED.format("nystrom.py"))),
     pytest.param("moba", {"block_size": 10**9}, "block_size=1000000000 must be in [1, 512]", "",
@@ -599,7 +602,7 @@ def test_sizes_beyond_what_a_length_allows_are_refused_before_allocation(name, o
     with pytest.raises(ValueError, match=re.escape(expected)) as error:
         az.create_attention(name, dim_head=8, heads=2, max_seq_len=msl, **options)
     assert f"{times}max_seq_len={msl}" in str(error.value) and "\n" not in str(error.value)
-    if msl != 64:
+    if msl != 64 or name == "linformer_causal":  # linformer_causal allocates its (k_c x c) projections when built
         return
     core = az.create_attention(name, dim_head=8, heads=2, **options)  # unbounded: nothing to check yet
     q, k, v = (torch.randn(1, 2, 64, 8) for _ in range(3))
@@ -615,10 +618,12 @@ def test_defaults_and_sizes_up_to_the_length_are_accepted():
         for msl in (64, None):
             core = az.create_attention(name, dim_head=8, heads=2, max_seq_len=msl, **options)
             assert core(q, q if core.needs_shared_qk else k, v).shape == q.shape
-    state, core = None, az.create_attention("local", dim_head=8, heads=2, window=16)
+    core = az.create_attention("local", dim_head=8, heads=2, window=1024)
     state = core.start_decoding()
-    for _ in range(3):  # decoding step by step: a window above twice the decoded length is not refused
+    for _ in range(3):  # decoding step by step: the length it will reach is unknown, so nothing is refused
         core.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], state)
+    with pytest.raises(ValueError, match=r"window=1024 must be in \[2, 256\] \(its default; 2 x the key length=8"):
+        core(q, k, v)
 
 
 # --- zoo compare --------------------------------------------------------------------------------------
