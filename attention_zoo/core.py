@@ -24,6 +24,7 @@ so a core only ever sees well-formed input.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -155,13 +156,16 @@ class AttentionCore(nn.Module):
         self._length_bounds: dict[str, tuple[int, int, int, int]] = {}
 
     def bound_by_length(
-        self, option: str, value: int, *, default: int, per_position: int = 1, minimum: int = 1
+        self, option: str, value: int, *, default: int | None = None, per_position: int = 1, minimum: int = 1
     ) -> None:
-        """Declare that option ``option`` (``value``; ``default`` when not given) is a size a sequence length n
-        bounds: at most ``per_position * n`` (e.g. 2 for Longformer's window, w/2 keys on each side), or the
-        default when that is larger (a default is never refused). Checked now against ``max_seq_len``; a core
+        """Declare that option ``option`` (``value``; ``default`` when not given, else the default of the
+        ``__init__`` parameter of that name) is a size a sequence length n bounds: at most ``per_position * n``
+        (e.g. 2 for Longformer's window, w/2 keys on each side), or the default when that is larger (a default
+        is never refused). Checked now against ``max_seq_len``; a core
         built without one checks each forward call against its key length, with the same message, before
         anything is allocated for the option (not a decoding step: the length it will reach is not known yet)."""
+        if default is None:
+            default = inspect.signature(type(self).__init__).parameters[option].default
         self._length_bounds[option] = (value, default, per_position, minimum)
         if self.max_seq_len is not None:
             self.check_length_bounds(self.max_seq_len, "max_seq_len")

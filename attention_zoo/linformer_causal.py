@@ -101,7 +101,7 @@ class CausalLinformerAttention(AttentionCore):
         keeps the exact part at the paper's default k)."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         check_projected_length(projection, block_k, block_size, "block_k", "block_size")
-        self.bound_by_length("block_size", block_size, default=256)  # before E and F (k_c x c) are allocated
+        self.bound_by_length("block_size", block_size)  # before E and F (k_c x c) are allocated
         self.block_size, self.block_k, self.sharing, self.projection = block_size, block_k, sharing, projection
         self.key_projection, self.value_projection = build_projections(
             projection, sharing, block_k, block_size, heads, self.context, shared_key="linformer_causal_E"

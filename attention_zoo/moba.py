@@ -104,6 +104,7 @@ class MixtureOfBlockAttention(AttentionCore):
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         if block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {block_size}")
+        self.bound_by_length("block_size", block_size)
         if top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (gated blocks besides the own block), got {top_k}")
         self.block_size, self.top_k = block_size, top_k

@@ -209,6 +209,7 @@ class NystromAttention(AttentionCore):
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
         if num_landmarks < 1:
             raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
+        self.bound_by_length("num_landmarks", num_landmarks)
         if pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
         if pinv == "exact" and pinv_iterations != PAPER_PINV_ITERATIONS:

@@ -239,7 +239,7 @@ class LocalAttention(PatternAttention):
         (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring."""
         super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, impl=impl)
         _check_window(window)
-        self.bound_by_length("window", window, default=256, per_position=2, minimum=2)
+        self.bound_by_length("window", window, per_position=2, minimum=2)
         self.window = window
 
     def pattern(self, n: int, causal: bool) -> MaskMod:

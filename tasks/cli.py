@@ -357,13 +357,14 @@ def place_run(logger: object, attention: str, *, resume: bool) -> None:
             init.version = max(versions)
 
 
-def build(argv: list[str]) -> tuple[ZooTask, LightningDataModule]:
+def build(argv: list[str], *, exit_on_error: bool = True) -> tuple[ZooTask, LightningDataModule]:
     """The task and data module that ``zoo fit <argv>`` would train, built without training, logging or
     writing anything (``zoo compare`` checks every mechanism this way before it starts). Raises
-    :class:`ConfigError` (or jsonargparse's error) for a configuration ``zoo fit`` would refuse."""
+    :class:`ConfigError` (or jsonargparse's error: ``SystemExit``, or with ``exit_on_error=False`` an
+    ``ArgumentError`` that :func:`parser_error_line` shortens) for a configuration ``zoo fit`` would refuse."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = ZooCLI([*argv, "--trainer.logger=false"], run=False)
+        cli = ZooCLI([*argv, "--trainer.logger=false"], run=False, exit_on_error=exit_on_error)
     return cli.model, cli.datamodule
 
 

@@ -15,7 +15,7 @@ def test_zoo_list_shows_every_mechanism_with_options(capsys):
     assert cli.main(["list"]) == 0
     text = capsys.readouterr().out
     assert "full" in text and "backend" in text
-    assert "k: int | list[int]" in text  # option types are shown verbatim, not eaten as rich markup
+    assert "list[int]" in text  # option types are shown verbatim ("[int]" is not eaten as rich markup)
     assert {row["name"] for row in listing.rows()} == set(az.list_attentions())
 
 

@@ -574,7 +574,6 @@ def test_a_shared_qk_core_refuses_a_separate_k():
     assert torch.equal(core(q, q.clone(), v), core(q, q, v))  # and so is a copy
 
 
-EXCLUDED = "needs one bound_by_length line in {} (another change holds that file)"
 LENGTH_BOUNDS = [
     ("local", {"window": 10**9}, "window=1000000000 must be in [2, 256]", "2 x "),
     ("local", {"window": 4096}, "window=4096 must be in [2, 2048]", "2 x "),
@@ -586,10 +585,8 @@ LENGTH_BOUNDS = [
     ("lsh", {"n_buckets": 10**9}, "n_buckets=1000000000 must be in [1, ", ""),
     ("lsh", {"n_buckets": 2, "chunk_size": 10**9}, "chunk_size=1000000000 must be in [1, 64]", ""),
     ("linformer_causal", {"block_size": 10**9, "block_k": 4}, "block_size=1000000000 must be in [1, 256]", ""),
-    pytest.param("nystrom", {"num_landmarks": 10**9}, "num_landmarks=1000000000 must be in [1, 64]", "",
-                 marks=pytest.mark.xfail(strict=True, reason=EXCLUDED.format("nystrom.py"))),
-    pytest.param("moba", {"block_size": 10**9}, "block_size=1000000000 must be in [1, 512]", "",
-                 marks=pytest.mark.xfail(strict=True, reason=EXCLUDED.format("moba.py"))),
+    ("nystrom", {"num_landmarks": 10**9}, "num_landmarks=1000000000 must be in [1, 64]", ""),
+    ("moba", {"block_size": 10**9}, "block_size=1000000000 must be in [1, 512]", ""),
 ]  # fmt: skip
 
 

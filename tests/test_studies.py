@@ -143,11 +143,15 @@ def test_zoo_study_spectrum_writes_curves_heatmaps_and_replots(tmp_path):
                      (r["model"], r["layer"], r["head"], "4"))  # fmt: skip
         assert r["mean"] == curve["mean"]
     assert json.loads((out / "spectrum.json").read_text())["sequences"] == 5
-    assert any((out / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted(p.relative_to(out).parent.name for p in (out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events == ["fig1_left", "fig1_right_k4"]
     for name in ("fig1_left.png", "fig1_right_k4.png"):
         (out / name).unlink()
     assert cli.main(["study", "spectrum", "--replot", str(out)]) == 0  # k from spectrum.json
     assert (out / "fig1_left.png").is_file() and (out / "fig1_right_k4.png").is_file()
+    # a replot replaces each figure's event file instead of adding one
+    replotted = sorted(p.relative_to(out).parent.name for p in (out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert replotted == events
     assert cli.main(["study", "spectrum", "--replot", str(out), "--k", "2"]) == 0
     assert (out / "fig1_right_k2.png").is_file() and {r["k"] for r in rows(out / "spectrum_at_k2.csv")} == {"2"}
 

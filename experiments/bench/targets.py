@@ -4,8 +4,8 @@
 Protocol (the issues' wording): CPU, one thread (these machines throttle a second busy thread), the
 attention core alone, B=1, H=8, D=64, float32, forward+backward, minimum of repeats, speedup over
 ``full`` with the SDPA backend at n = 4096 (a causal target: over causal ``full``); linear scaling as
-time(n=8192) / time(n=2048) <= 5 (the kernel family's and MoBA's rows: <= 4.5), and, where a target asks, peak memory growing no
-faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4; for the recurrent decoders, one decoding
+time(n=8192) / time(n=2048) <= 5 (the kernel family's and MoBA's rows: <= 4.5), and, where a target asks,
+peak memory growing no faster than n: peak MB(n=8192) / peak MB(n=2048) <= 4; for the recurrent decoders, one decoding
 step (``zoo bench`` mode ``decode-step``: B=1, one new position after a prefill of n) at n = 4096 costs at
 most 1.5x one at n = 256.
 """

@@ -226,8 +226,9 @@ def pyplot():
 
 
 def save_figure(figure: Any, path: Path, tensorboard: Path | None = None) -> Path:
-    """Write ``figure`` as ``path`` (PNG) and, with ``tensorboard``, that PNG as an image in an event file
-    there (tag: the file's stem), then close the figure."""
+    """Write ``figure`` as ``path`` (PNG) and, with ``tensorboard``, that PNG as an image in an event file of
+    its own, ``tensorboard/<stem>/`` (tag: the stem), then close the figure. A replot replaces that event file,
+    so TensorBoard shows each figure once."""
     plt = pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -235,7 +236,10 @@ def save_figure(figure: Any, path: Path, tensorboard: Path | None = None) -> Pat
     if tensorboard is not None:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(log_dir=str(tensorboard))
+        folder = tensorboard / path.stem
+        for old in folder.glob("events.out.tfevents.*"):
+            old.unlink()
+        writer = SummaryWriter(log_dir=str(folder))
         writer.add_image(path.stem, plt.imread(path)[..., :3], dataformats="HWC")
         writer.close()
     return path
