@@ -11,7 +11,7 @@ Step-by-step decoding: causal self-attention feeds the new positions to the core
 several hypotheses of one source (beam search) share its projected memory: their queries are stacked
 along the query axis of the source's row. That is exact because a cross-attention query never sees
 another query (every core with ``supports_cross_attention`` computes each query from the keys alone;
-``tests/test_decoding.py`` checks it over the registry). What is cached is the W^K, W^V projection of the
+``tests/attention_zoo/test_decoding.py`` checks it over the registry). What is cached is the W^K, W^V projection of the
 memory; a core that transforms the keys itself (Linformer's E K, F V) still does so at every step.
 """
 

@@ -45,7 +45,8 @@ Choices where the paper is silent (it assumes n divisible by m and no padding):
 - Self-attention only: the padding mask must also mark which queries build landmarks, and the convolution
   skip maps V onto the query positions, both of which need Nq == Nk.
 
-Accuracy (float64, n = 64, d = 8, mean relative error vs full attention over 4 seeds, tests/test_nystrom.py):
+Accuracy (float64, n = 64, d = 8, mean relative error vs full attention over 4 seeds,
+tests/attention_zoo/test_nystrom.py):
 m = 4, 8, 16, 32, 64 gives 0.73, 0.64, 0.49, 0.38, 0.04 on Gaussian q, k and 0.43, 0.25, 0.12, 0.07, 0.04
 on q, k that drift along the sequence. The 0.04 at m = n is the 6-step iteration: there A~ = S, whose
 condition number is 1e3-1e4, and 20 steps reach round-off. Negative result: the exact pseudo-inverse is

@@ -54,7 +54,7 @@ features from the keys (a constant per sequence and head). Here:
   rounding: chunked forward, decoding and any chunk size agree to rounding (float64: 1e-12).
 The references carry no gradient: the output does not depend on them. The reference's additive
 ``numerical_stabilizer`` 1e-6 (a small bias) is not used; a zero denominator gives zeros instead.
-So float32 agrees with float64 even where every unstabilised feature underflows (tests/test_performer.py).
+So float32 agrees with float64 even where every unstabilised feature underflows (tests/attention_zoo/test_performer.py).
 
 Complexity: O(L m d) time (features O(L m d), products O(L m d), causal chunks O(L c (m + d))); memory
 O(L (m + d + c) + m d) per head. Decoding keeps an m x (d + 1) state per head: O(m d) per token.

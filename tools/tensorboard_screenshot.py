@@ -3,7 +3,7 @@ Custom Scalars and HParams pages in headless Chromium, and save screenshots.
 
     python -m tools.tensorboard_screenshot runs/majority-1024 --out runs/majority-1024/screenshots
 
-Needs the ``chromium`` binary (Debian: ``apt-get install chromium``); ``tests/test_tensorboard_page.py``
+Needs the ``chromium`` binary (Debian: ``apt-get install chromium``); ``tests/experiments/test_tensorboard_page.py``
 runs this on a tiny experiment where Chromium is installed and skips where it is not. The screenshots
 are PNG files; a page that fails to load leaves an almost blank one, which the test catches by checking
 that the image has some variety of pixel values and that TensorBoard served the layout over HTTP.

@@ -8,9 +8,9 @@ skipped step never loses the others' results:
 1. ``environment``: device, driver, CUDA, torch, triton and xformers versions, SM count, and the two
    ceilings measured in the run: a bf16 matrix product's rate and a device-to-device copy's bandwidth.
 2. ``targets``: the GPU targets (:mod:`experiments.gpu.targets`), each against SDPA-flash in this process.
-3. ``conformance``: ``tests/test_device_conformance.py`` and ``tests/test_sparse_flex.py`` with
-   ``ZOO_TEST_DEVICE=cuda`` (every mechanism in fp32, bf16 and fp16 against float64), then every test
-   marked ``cuda``.
+3. ``conformance``: ``tests/attention_zoo/test_device_conformance.py`` and
+   ``tests/attention_zoo/test_sparse_flex.py`` with ``ZOO_TEST_DEVICE=cuda`` (every mechanism in fp32, bf16
+   and fp16 against float64), then every test marked ``cuda``.
 4. ``compare``: ``zoo compare`` on the embedded default task, one seed, on the GPU: training, throughput
    and peak memory (``max_memory_allocated``) as its runs log them.
 5. ``grids``: :mod:`experiments.gpu.grids` (per-mechanism floors, Nystromformer-table crossovers against
@@ -22,7 +22,7 @@ measurement, target verdict and step), ``env.json``, ``pytest.log``, ``compare.l
 rewritten after every step, so a run killed at its limit still hands back what it finished.
 
 ``--smoke`` runs every step at tiny sizes on whatever device is present (CPU here), with a subset of the
-conformance tests: the harness's own test (``tests/test_gpu_suite.py``). Without it the suite needs CUDA.
+conformance tests: the harness's own test (``tests/experiments/test_gpu_suite.py``). Without it the suite needs CUDA.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("environment", "targets", "conformance", "compare", "grids")
 #: the largest share of the whole budget one subprocess step may take
 STEP_SHARE = {"conformance": 0.35, "compare": 0.3}
-CONFORMANCE_FILES = ("tests/test_device_conformance.py", "tests/test_sparse_flex.py")
+CONFORMANCE_FILES = ("tests/attention_zoo/test_device_conformance.py", "tests/attention_zoo/test_sparse_flex.py")
 SMOKE_CONFORMANCE = ("-k", "float32 and (full or local)")
 SMOKE_COMPARE_ARGS = [
     "--data.seq_len=64", "--data.train_size=32", "--data.val_size=16", "--data.test_size=16",
@@ -235,7 +235,7 @@ def _pythonpath() -> str:
 
 
 def _files_with_cuda_tests() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if "mark.cuda" in p.read_text())
 
 
 def _no_checkpoints(info: tarfile.TarInfo) -> tarfile.TarInfo | None:

@@ -9,7 +9,7 @@ eq. 2, from :meth:`attention_zoo.full.FullAttention.attention_probs`). Two error
   |x R^T R y - x y| <= eps ||x|| ||y||) and of Theorem 2 (eq. 8: eps ||softmax(w)|| ||V||), so Theorem 1's
   construction has lemma-normalised error ~ 1/sqrt(k) whatever n. For diffuse attention and zero-mean V,
   ||P_i|| ||V_j|| is ~sqrt(n) times |P_i V_j|, which is why the relative error of the same construction grows
-  like sqrt(n / k) (``tests/test_linformer.py``).
+  like sqrt(n / k) (``tests/attention_zoo/test_linformer.py``).
 
 Constructions that are not cores (they need P, so they are references, not mechanisms):
 

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import attention_zoo as az
 from experiments import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 TASK_CONFIGS = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "compare.yaml")
 

@@ -21,7 +21,7 @@ from experiments.compare import command as compare
 from experiments.compare.runs import failure_reason
 from experiments.compare.tensorboard_layout import read_layout
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_attentions_entries_and_options():

@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from tests.conformance import MAX_SEQ_LEN, as_dtype, as_function, build, case_id, cases, perturbed, qkv
+from tests.attention_zoo.registry_cases import MAX_SEQ_LEN, as_dtype, as_function, build, case_id, cases, perturbed, qkv
 
 CASES = cases()
 EXACT = dict(rtol=0.0, atol=1e-9)  # float64 "unchanged"

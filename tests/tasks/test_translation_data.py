@@ -25,7 +25,7 @@ from tasks.data.synthetic_translation import Lexicon, synthetic_pairs
 from tasks.data.tokenize import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
 from tasks.data.translation import TranslationDataModule
 
-FIXTURES = Path(__file__).parent / "fixtures" / "translation"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "translation"
 SMALL = dict(bpe_vocab_size=400, val_fraction=0.2, test_fraction=0.2, batch_size=4)
 
 

@@ -17,7 +17,7 @@ import pytest
 from experiments.compare import command as compare
 from experiments.compare.lock import LOCK_NAME, ExperimentLocked, acquire, experiment_lock, release
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_lock(directory: Path, **holder) -> None:

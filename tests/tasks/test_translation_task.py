@@ -19,7 +19,7 @@ from tasks.base import ConfigError
 from tasks.translation import TranslationTask
 from tasks.translation_metrics import copy_baseline, corpus_scores
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "translation.yaml"
 #: the synthetic pair at a size that builds in well under a second (sources <= 13 tokens with EOS)
 TINY_DATA = [

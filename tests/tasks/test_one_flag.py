@@ -17,7 +17,7 @@ import torch
 import attention_zoo as az
 from tasks.cli import build
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "compare.yaml")
 
 

@@ -21,7 +21,7 @@ from tasks.data.recall import AssociativeRecallDataModule
 from tasks.data.text import TextClassificationDataModule
 from tasks.data.tokenize import CLS_ID, MASK_ID, SPECIAL_TOKENS
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 ACLIMDB = FIXTURES / "aclimdb_tiny"
 
 

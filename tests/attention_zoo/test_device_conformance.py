@@ -1,7 +1,7 @@
 """The conformance suite's numerical core on any device and in low precision.
 
-Every registered mechanism, with each of its ``example_configs`` (``tests.conformance.cases()``), runs on the
-device named by the environment variable ``ZOO_TEST_DEVICE`` (``cpu``, the default, or ``cuda``) in float32,
+Every registered mechanism, with each of its ``example_configs`` (``tests.attention_zoo.registry_cases.cases()``),
+runs on the device named by the environment variable ``ZOO_TEST_DEVICE`` (``cpu``, the default, or ``cuda``) in float32,
 bfloat16 and float16, at two lengths, non-causal and (where the core supports it) causal, and is compared with a
 float64 reference run **on the same device**:
 
@@ -27,10 +27,11 @@ Sizes are the conformance suite's (``HEADS = 2``, ``DIM_HEAD = 8``, ``max_seq_le
 every example config in every dtype (about 25 s on 2 CPU cores, one thread). With a head dim of 8 the sparse core's
 ``impl="auto"`` takes its blocked path on CUDA too (FlexAttention's compiled kernel needs ``dim_head >= 16``).
 
-Every test prints its measured relative error, so ``python3 -m pytest -q tests/test_device_conformance.py -rA``
-lists them all (the PASSES section), and a failure's message carries it too. On the GPU machine::
+Every test prints its measured relative error, so
+``python3 -m pytest -q tests/attention_zoo/test_device_conformance.py -rA`` lists them all (the PASSES section),
+and a failure's message carries it too. On the GPU machine::
 
-    ZOO_TEST_DEVICE=cuda python3 -m pytest -q tests/test_device_conformance.py
+    ZOO_TEST_DEVICE=cuda python3 -m pytest -q tests/attention_zoo/test_device_conformance.py
 
 A case skips, naming the torch error, only where torch itself lacks a CPU kernel for bfloat16 or float16 (a
 ``... not implemented for 'BFloat16'`` error); nothing is skipped silently and nothing is marked xfail.
@@ -47,7 +48,7 @@ from torch import Tensor
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from tests.conformance import as_function, build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import as_function, build, case_id, cases, qkv
 
 _DEVICE_NAME = os.environ.get("ZOO_TEST_DEVICE", "cpu")
 if _DEVICE_NAME not in ("cpu", "cuda"):

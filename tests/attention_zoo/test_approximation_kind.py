@@ -2,7 +2,7 @@
 that claim exact softmax over some keys are checked against a float64 reference written here: ``none`` equals
 full attention, ``fixed sparsity`` equals full attention under its pattern's mask, and ``content-selected
 sparsity`` equals full attention under the mask of its own selection (MoBA's, from the paper's gate:
-``tests/test_moba.py``'s reference)."""
+``tests/attention_zoo/test_moba.py``'s reference)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from torch import Tensor
 import attention_zoo as az
 from attention_zoo.core import APPROXIMATIONS
 from attention_zoo.sparse_patterns import dense_mask
-from tests.conformance import build, case_id, cases, qkv
-from tests.test_moba import reference_selection
+from tests.attention_zoo.registry_cases import build, case_id, cases, qkv
+from tests.attention_zoo.test_moba import reference_selection
 
 EXACT_KINDS = ("none", "fixed sparsity", "content-selected sparsity")
 N = 48

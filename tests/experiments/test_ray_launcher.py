@@ -24,9 +24,9 @@ import pytest
 from experiments import cli
 from experiments.bench.store import ResultStore
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECALL = str(ROOT / "configs" / "recall.yaml")
-#: the tiny recall run of tests/test_compare.py (a few seconds per run, most of it start-up)
+#: the tiny recall run of tests/experiments/test_compare.py (a few seconds per run, most of it start-up)
 TINY_FIT_ARGS = [
     "--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
     "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",

@@ -14,7 +14,7 @@ from experiments.bench.flops import case_flops
 from experiments.bench.measure import measure_case
 from experiments.bench.runner import precheck
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(**changes) -> BenchConfig:

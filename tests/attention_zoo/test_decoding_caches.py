@@ -2,7 +2,7 @@
 
 The conformance suite checks every cache against the causal forward at 29 positions. Here sequences are
 long enough that the sparse caches really drop keys, the expected outputs come from the independent
-float64 reference of ``tests/test_sparse.py`` (the papers' connectivity sets written as loops), and the
+float64 reference of ``tests/attention_zoo/test_sparse.py`` (the papers' connectivity sets written as loops), and the
 size of every state after many steps is checked against the bound its pattern allows, written here from
 the pattern's definition.
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 
 import attention_zoo as az
 from attention_zoo.full import xformers_available
-from tests.test_sparse import reference_allowed, reference_attention
+from tests.attention_zoo.test_sparse import reference_allowed, reference_attention
 
 HEADS, DIM_HEAD = 2, 4
 TIGHT = dict(rtol=0.0, atol=1e-10)
@@ -73,7 +73,7 @@ def state_numel(state: az.core.DecodingState) -> int:
 @pytest.mark.parametrize(("name", "options"), PATTERNS, ids=IDS)
 def test_pattern_decoding_equals_the_papers_sets(name, options, chunk):
     """70 positions, padded three ways: every real output equals softmax attention over the pattern's sets
-    (written from the papers in tests/test_sparse.py), though the cache has dropped unreachable keys."""
+    (written from the papers in tests/attention_zoo/test_sparse.py), though the cache has dropped unreachable keys."""
     n = 70
     q, k, v = inputs(3, n)
     mask = padded_mask(n)

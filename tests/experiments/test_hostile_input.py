@@ -28,9 +28,9 @@ from tasks.cli import check_training_length
 from tasks.data.base import DataError
 from tasks.data.text import TextClassificationDataModule, normalise_label
 from tasks.data.tokenize import SPECIAL_TOKENS, TextTokenizer
-from tests.conformance import build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import build, case_id, cases, qkv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECALL = ["-c", str(ROOT / "configs" / "recall.yaml"), "--data.seq_len", "32", "--data.num_kv_pairs", "4"]
 RECALL += ["--data.vocab_size", "32", "--data.train_size", "32", "--data.val_size", "8", "--data.test_size", "8"]
 TEXT = ["-c", str(ROOT / "configs" / "text.yaml"), "--data.data_dir", "null", "--data.max_seq_len", "32"]
