@@ -45,14 +45,11 @@ Choices where the paper is silent (it assumes n divisible by m and no padding):
 - Self-attention only: the padding mask must also mark which queries build landmarks, and the convolution
   skip maps V onto the query positions, both of which need Nq == Nk.
 
-Accuracy (float64, n = 64, d = 8, mean relative error vs full attention over 4 seeds,
-tests/attention_zoo/test_nystrom.py):
-m = 4, 8, 16, 32, 64 gives 0.73, 0.64, 0.49, 0.38, 0.04 on Gaussian q, k and 0.43, 0.25, 0.12, 0.07, 0.04
-on q, k that drift along the sequence. The 0.04 at m = n is the 6-step iteration: there A~ = S, whose
-condition number is 1e3-1e4, and 20 steps reach round-off. Negative result: the exact pseudo-inverse is
-*not* a better approximation. With near-singular A~ (close landmarks) it amplifies the mismatch between
-F~, A~ and B~: relative errors above 1 on Gaussian inputs and 1e2-1e5 on drifting ones for 4 <= m <= 32;
-the truncated iteration acts as a regularised inverse. ``"exact"`` is a reference, not a setting to train.
+Accuracy: the error falls with m and is near round-off only at m = n, where the 6-step iteration stops short
+(A~ = S is ill-conditioned). The exact pseudo-inverse is *not* a better approximation: with near-singular A~
+(close landmarks) it amplifies the mismatch between F~, A~ and B~, where the truncated iteration acts as a
+regularised inverse. ``"exact"`` is a reference, not a setting to train (measured: the approximation
+results' README).
 
 Speed: F~ and B~ go through :class:`SoftmaxProduct`, a block of heads at a time, so the n x m scores and
 their gradient stay in cache on the CPU; on an accelerator the blocks take the much larger budget of
