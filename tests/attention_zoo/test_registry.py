@@ -66,6 +66,8 @@ def test_duplicate_registration_is_an_error(scratch_registry):
 
 def test_options_must_be_keyword_only(scratch_registry):
     class Positional(AttentionCore):
+        approximation = "none"
+
         def __init__(self, window, *, dim_head, heads, max_seq_len=None, context=None):
             super().__init__(dim_head=dim_head, heads=heads)
 
@@ -76,6 +78,8 @@ def test_options_must_be_keyword_only(scratch_registry):
 def test_required_option_and_container_types(scratch_registry):
     @az.register_attention("needs_window")
     class NeedsWindow(AttentionCore):
+        approximation = "none"
+
         def __init__(
             self,
             *,
@@ -101,6 +105,7 @@ def test_required_option_and_container_types(scratch_registry):
 def test_requires_max_seq_len(scratch_registry):
     @az.register_attention("bounded")
     class Bounded(AttentionCore):
+        approximation = "none"
         requires_max_seq_len = True
 
     with pytest.raises(ValueError, match="needs max_seq_len"):
