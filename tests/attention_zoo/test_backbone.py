@@ -62,6 +62,7 @@ def test_multihead_validates_capabilities(monkeypatch):
 
     @az.register_attention("no_causal_no_cross")
     class Limited(AttentionCore):
+        approximation = "none"
         supports_causal = False
         supports_cross_attention = False
 
@@ -78,6 +79,7 @@ def test_shared_qk_cores_get_one_projection(monkeypatch):
 
     @az.register_attention("shared_qk_probe")
     class SharedQK(AttentionCore):
+        approximation = "hashing"
         needs_shared_qk = True
 
         def attend(self, q, k, v, *, mask, causal):
