@@ -152,6 +152,11 @@ def build_parser() -> ArgumentParser:
 def parse_attentions(text: str) -> list[tuple[str, dict[str, Any] | None]]:
     """``'full,linformer:k=32,sharing=kv'`` -> ``[("full", None), ("linformer", {"k": 32, "sharing": "kv"})]``;
     ``None`` means "no options given here"."""
+    if not text.replace(",", "").strip():
+        raise ValueError(
+            f"--attentions {text!r} names no mechanism; give at least one (e.g. full,linformer:k=32), or leave the "
+            "flag out for the config's list"
+        )
     entries: list[tuple[str, dict[str, Any] | None]] = []
     for item in (part.strip() for part in text.split(",")):
         if ":" in item:
@@ -168,8 +173,23 @@ def parse_attentions(text: str) -> list[tuple[str, dict[str, Any] | None]]:
         key, sep, value = option.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--attentions: {item!r} is not name:option=value")
-        entries[-1][1][key.strip()] = yaml.safe_load(value)
+        if key.strip() in entries[-1][1]:
+            raise ValueError(f"--attentions: option {key.strip()!r} given twice for {entries[-1][0]!r}")
+        entries[-1][1][key.strip()] = option_value(value)
     return entries
+
+
+def option_value(text: str) -> Any:
+    """An option value as typed: an int, a float, ``true``/``false``, ``null``, else the string itself. Not YAML:
+    YAML 1.1 reads ``8:10`` as 490 and ``yes``/``no``/``on``/``off`` as booleans, so what ran would not be what
+    was typed."""
+    text = text.strip()
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "null": None, "none": None}.get(text.lower(), text)
 
 
 def default_attentions() -> list[str]:
@@ -179,7 +199,7 @@ def default_attentions() -> list[str]:
 
 def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Entry]:
     """The mechanisms, in order; raises ValueError for an unknown name or a repeated entry."""
-    requested = parse_attentions(attentions) if attentions else [(name, None) for name in default_attentions()]
+    requested = parse_attentions(attentions) if attentions is not None else [(n, None) for n in default_attentions()]
     entries = []
     unknown = [name for name, _ in requested if name not in az.list_attentions()]
     if unknown:
@@ -197,9 +217,12 @@ def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Ent
         twins = [e for e in entries if e.attention == entry.attention]
         options_text = "-".join(f"{k}={v}" for k, v in entry.options.items())
         entry.label = entry.attention if len(twins) == 1 else f"{entry.attention}-{options_text or 'defaults'}"
-    labels = [e.label for e in entries]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"--attentions lists the same mechanism and options twice: {labels}")
+    seen: dict[tuple, str] = {}
+    for entry in entries:  # the same options in another order are the same entry
+        key = (entry.attention, tuple(sorted((k, repr(v)) for k, v in entry.options.items())))
+        if key in seen or entry.label in seen.values():
+            raise ValueError(f"--attentions lists the same mechanism and options twice: {entry.label}")
+        seen[key] = entry.label
     return entries
 
 
@@ -246,7 +269,8 @@ def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -
 def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fresh: bool) -> tuple[Path, bool]:
     """``(directory, resuming)``: ``runs_dir/name`` when it is new or holds this same comparison (resume),
     a new ``name-2``, ``name-3``... with ``fresh``; ValueError when it holds a different comparison."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
+    unprintable = any(not c.isprintable() for c in name)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or unprintable or len(name.encode()) > 255:
         raise ValueError(
             f"--experiment {name!r} must be a plain folder name (no '/' or '..'); choose where it goes with --runs_dir"
         )
@@ -292,6 +316,8 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
             parser.error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
         config = parser.parse_args(["--config", str(DEFAULT_CONFIG), *own])
     out = console()
+    if config.seed < 0:
+        parser.error(f"--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got {config.seed}")
     if config.seeds < 1 or config.threads < 1:
         parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
     if config.margin is not None and not config.margin >= 0:

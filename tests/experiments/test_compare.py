@@ -66,6 +66,25 @@ def test_plan_rejects_unknown_names_and_duplicates():
         compare.plan("full,flash", {})
     with pytest.raises(ValueError, match="twice"):
         compare.plan("full,full", {})
+    with pytest.raises(ValueError, match="twice: linformer-sharing=kv-k=32"):  # the same options in another order
+        compare.plan("linformer:k=32,sharing=kv,linformer:sharing=kv,k=32", {})
+
+
+@pytest.mark.parametrize("text", ["", " ", ",", " , ,"])
+def test_an_empty_attention_list_is_refused_not_read_as_every_mechanism(text):
+    with pytest.raises(ValueError, match="names no mechanism"):
+        compare.plan(text, {})
+
+
+def test_an_option_given_twice_in_one_entry_is_refused():
+    with pytest.raises(ValueError, match="option 'k' given twice for 'linformer'"):
+        compare.parse_attentions("linformer:k=32,k=64")
+
+
+def test_option_values_run_as_typed_not_as_yaml_1_1_reads_them():
+    assert compare.parse_attentions("local:window=8:10")[0][1] == {"window": "8:10"}  # YAML 1.1: 490
+    values = compare.parse_attentions("sparse:a=yes,b=off,c=1e3,d=3,e=null,f=true,g=-2")[0][1]
+    assert values == {"a": "yes", "b": "off", "c": 1000.0, "d": 3, "e": None, "f": True, "g": -2}
 
 
 def test_experiment_directory_resumes_the_same_comparison_and_never_touches_another(tmp_path):
@@ -86,7 +105,7 @@ def test_experiment_directory_resumes_the_same_comparison_and_never_touches_anot
         compare.experiment_directory(tmp_path, "plain", identity, fresh=False)
 
 
-@pytest.mark.parametrize("name", ["../x", "a/b", "..", ""])
+@pytest.mark.parametrize("name", ["../x", "a/b", "..", "", "tab\there", "new\nline", "x" * 256])
 def test_experiment_names_are_plain_folder_names(tmp_path, name):
     with pytest.raises(ValueError, match="plain folder name"):
         compare.experiment_directory(tmp_path / "runs", name, {}, fresh=False)
@@ -278,3 +297,19 @@ def test_summaries_name_the_task_config_relative_to_the_working_directory(tmp_pa
     assert compare.shown_path(str(inside)) == str(Path("configs") / "recall.yaml")
     outside = tmp_path.parent / "elsewhere" / ".." / "other.yaml"
     assert compare.shown_path(str(outside)) == str(tmp_path.parent / "other.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--seed", "-1"], "--seed must be >= 0"),
+        (["--attentions", ""], "names no mechanism"),
+        (["--attentions", "local:window=8,window=16"], "option 'window' given twice"),
+    ],
+)
+def test_bad_settings_stop_the_comparison_before_anything_runs(tmp_path, capsys, args, expected):
+    with pytest.raises(SystemExit) as stopped:
+        compare.main([*args, "--runs_dir", str(tmp_path / "runs")])
+    assert stopped.value.code == 2
+    assert expected in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "runs").exists()
