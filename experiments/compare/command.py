@@ -189,7 +189,7 @@ def option_value(text: str) -> Any:
             return parse(text)
         except ValueError:
             pass
-    return {"true": True, "false": False, "null": None, "none": None}.get(text.lower(), text)
+    return {"true": True, "false": False, "null": None}.get(text.lower(), text)  # "none" is a value (sharing=none)
 
 
 def default_attentions() -> list[str]:

@@ -83,8 +83,8 @@ def test_an_option_given_twice_in_one_entry_is_refused():
 
 def test_option_values_run_as_typed_not_as_yaml_1_1_reads_them():
     assert compare.parse_attentions("local:window=8:10")[0][1] == {"window": "8:10"}  # YAML 1.1: 490
-    values = compare.parse_attentions("sparse:a=yes,b=off,c=1e3,d=3,e=null,f=true,g=-2")[0][1]
-    assert values == {"a": "yes", "b": "off", "c": 1000.0, "d": 3, "e": None, "f": True, "g": -2}
+    values = compare.parse_attentions("sparse:a=yes,b=off,c=1e3,d=3,e=null,f=true,g=-2,h=none")[0][1]
+    assert values == {"a": "yes", "b": "off", "c": 1000.0, "d": 3, "e": None, "f": True, "g": -2, "h": "none"}
 
 
 def test_experiment_directory_resumes_the_same_comparison_and_never_touches_another(tmp_path):
