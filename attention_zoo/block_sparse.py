@@ -31,7 +31,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attention_zoo import chunking
-from attention_zoo.sparse_patterns import MaskMod
+from attention_zoo.masks import MaskMod
+from attention_zoo.precision import compute_dtype
 
 #: elements of the largest per-chunk temporary on the CPU: ~2 MB in float32, small enough to stay in the heap
 #: (other devices: :mod:`attention_zoo.chunking`)
@@ -116,7 +117,7 @@ def tiled_attention(
     """softmax(Q K^T * scale) V restricted to ``layout`` and to real keys (``key_padding`` (B, N), True = real).
     Half-precision inputs are computed in float32 (running sums of exponentials need its range)."""
     dtype = q.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    work = compute_dtype(dtype)
     q, k, v = (t.to(work).contiguous() for t in (q, k, v))
     return TiledAttention.apply(q, k, v, layout, key_padding, scale).to(dtype)
 

@@ -8,7 +8,8 @@ so :meth:`~attention_zoo.core.DecodingState.reorder` (beam search) applies to th
   first ``size`` slots. Appending grows the buffers by doubling, so T new positions cost O(T) amortised
   copies, not a copy of the whole cache at every step.
 - :class:`PatternState`: the same plus the absolute position of each slot, for the sparse patterns,
-  which drop the keys that no later query can reach (:func:`pattern_decoding_step`).
+  which drop the keys that no later query can reach (:func:`pattern_decoding_step`, which asks the
+  pattern, a :class:`DecodingPattern`, which keys each query attends and which keys stay reachable).
 
 Once a step builds an autograd graph (:func:`builds_graph`: gradients enabled and an input or parameter
 that requires them), a state stops writing in place and concatenates instead, so that the views an
@@ -18,15 +19,15 @@ inputs and parameters that need no gradient) for the amortised appends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
 from attention_zoo.core import DecodingState
-from attention_zoo.masks import masked_softmax
-from attention_zoo.sparse_patterns import MaskMod
+from attention_zoo.masks import MaskMod, masked_softmax
+from attention_zoo.precision import compute_dtype
 
 #: slots allocated at the first step, at least: short decodes never reallocate
 _FIRST_CAPACITY = 16
@@ -63,6 +64,18 @@ class KeyValueState(DecodingState):
         return self.keys[:, :, : self.size], self.values[:, :, : self.size], self.real[:, : self.size]
 
 
+class DecodingPattern(Protocol):
+    """What a sparse pattern tells its decoding cache (:class:`attention_zoo.patterns.SparsePattern`)."""
+
+    def mask_mod(self, n: int, causal: bool, device: torch.device | str | None = None) -> MaskMod:
+        """Which keys each query may attend, for positions < ``n``."""
+        ...
+
+    def still_reachable(self, positions: Tensor, n: int) -> Tensor:
+        """Which keys at ``positions`` (all < n) a causal query at a position >= n may still attend."""
+        ...
+
+
 class PatternState(KeyValueState):
     """:class:`KeyValueState` whose slots also record their absolute positions, so that a sparse pattern
     can keep only the keys that later queries may still attend. ``positions`` (capacity,) is one vector
@@ -71,6 +84,8 @@ class PatternState(KeyValueState):
     def __init__(self) -> None:
         super().__init__()
         self.positions: Tensor | None = None  # (capacity,) long
+        self.rule: MaskMod | None = None  # the causal pattern, valid for positions < rule_length
+        self.rule_length = 0
 
     def append_positions(self, k: Tensor, v: Tensor, real: Tensor | None, positions: Tensor) -> None:
         used = self.size
@@ -104,7 +119,7 @@ def attend_to_cache(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor, sc
     computes them."""
     # b: batch, h: heads, i: new positions, j: cached keys, d: head dim
     dtype = q.dtype
-    work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    work = compute_dtype(dtype)
     scores = einsum(q.to(work), keys.to(work), "b h i d, b h j d -> b h i j") * scale
     return einsum(masked_softmax(scores, allowed), values.to(work), "b h i j, b h j d -> b h i d").to(dtype)
 
@@ -115,28 +130,32 @@ def pattern_decoding_step(
     v: Tensor,
     state: PatternState,
     mask: Tensor | None,
-    mask_mod: MaskMod,
-    still_reachable: Callable[[Tensor, int], Tensor],
+    pattern: DecodingPattern,
     scale: float,
 ) -> Tensor:
     """One decoding step of a causal sparse pattern: append the T new positions, attend them to the cached
-    keys that ``mask_mod`` (the causal pattern) allows, then drop the keys ``still_reachable`` says no
-    later query may attend (see :func:`attention_zoo.sparse_patterns.still_reachable`)."""
+    keys that the pattern's causal ``mask_mod`` allows, then drop the keys that its ``still_reachable``
+    says no later query may attend."""
     state.in_place = state.in_place and not builds_graph(q, k, v)
     start, end = state.length, state.length + q.shape[-2]
+    if state.rule is None or state.rule_length < end:
+        # a rule may be made for a length (BigBird's random-block table, prefix-consistent when causal):
+        # made for twice the length when outgrown, so a decode of n positions makes it O(log n) times
+        state.rule_length = max(end, 2 * state.rule_length)
+        state.rule = pattern.mask_mod(state.rule_length, True, q.device)
     new_positions = torch.arange(start, end, device=q.device)
     state.append_positions(k, v, mask, new_positions)
     keys, values, real = state.cached()
     positions = state.cached_positions()
     zero = torch.zeros((), dtype=torch.long, device=q.device)
-    pattern = mask_mod(zero, zero, new_positions[:, None], positions[None, :]).expand(end - start, len(positions))
-    seen = pattern.any(dim=0)
+    allows = state.rule(zero, zero, new_positions[:, None], positions[None, :]).expand(end - start, len(positions))
+    seen = allows.any(dim=0)
     if not bool(seen.all()):  # attend only the keys some new query may see (strided: about l + n / l of n)
         index = seen.nonzero().squeeze(1)
-        keys, values, real, pattern = keys[:, :, index], values[:, :, index], real[:, index], pattern[:, index]
-    allowed = rearrange(pattern, "i j -> 1 1 i j") & rearrange(real, "b j -> b 1 1 j")
+        keys, values, real, allows = keys[:, :, index], values[:, :, index], real[:, index], allows[:, index]
+    allowed = rearrange(allows, "i j -> 1 1 i j") & rearrange(real, "b j -> b 1 1 j")
     out = attend_to_cache(q, keys, values, allowed, scale)
-    state.keep(still_reachable(positions, end))
+    state.keep(pattern.still_reachable(positions, end))
     return out
 
 

@@ -25,9 +25,9 @@ every position are kept for backward, as autograd keeps any activation (App. B.3
 and the in-chunk blocks, n c in all, live during one product.
 
 Conventions of this implementation (the papers leave them open):
-- Precision: features, state and normaliser are float32 for bf16/fp16 inputs (float64 for float64), with
-  autocast off inside; the output is cast back. Half-precision sums of n positive terms overflow fp16 at
-  a few thousand tokens, the known failure of public linear-attention code.
+- Precision (:mod:`attention_zoo.precision`): features, state and normaliser are float32 for bf16/fp16
+  inputs (float64 for float64), with autocast off inside; the output is cast back. Half-precision sums of
+  n positive terms overflow fp16 at a few thousand tokens, the known failure of public linear-attention code.
 - Padding: padded keys' features are zeroed (phi(0) is not 0 for elu + 1 or exp features), so they join
   neither S nor Z. Padded queries (self-attention) are zeroed before their feature map, so NaN or inf
   there never becomes a NaN output or gradient.
@@ -60,6 +60,7 @@ from torch import Tensor
 
 from attention_zoo.core import AttentionCore, BuildContext, DecodingState, zero_padded
 from attention_zoo.decoding_cache import builds_graph
+from attention_zoo.precision import full_precision
 
 LOW = -1e30  # log-scale of a padded key: exp(LOW - anything real) = 0, and LOW - LOW = 0 (never NaN)
 
@@ -103,8 +104,7 @@ class KernelAttention(AttentionCore):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, i / j: query / key positions, f: features, e: value width + 1 (the normaliser)
         nq, nk = q.shape[-2], k.shape[-2]
-        compute = torch.promote_types(q.dtype, torch.float32)
-        with torch.autocast(q.device.type, enabled=False):
+        with full_precision(q) as compute:
             if mask is not None and nq == nk:
                 q = zero_padded(q, mask)
             q_positions = torch.arange(nq, device=q.device) + (nk - nq if causal else 0)
@@ -156,8 +156,7 @@ class KernelAttention(AttentionCore):
     def decode_attend(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None) -> Tensor:
         # b: batch, h: heads, t: new positions, f: features, e: value width + 1
         assert isinstance(state, KernelState)
-        compute = torch.promote_types(q.dtype, torch.float32)
-        with torch.autocast(q.device.type, enabled=False):
+        with full_precision(q) as compute:
             if mask is not None:
                 q = zero_padded(q, mask)
             positions = torch.arange(state.length, state.length + q.shape[-2], device=q.device)

@@ -72,6 +72,7 @@ from torch import Tensor
 
 from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState, zero_padded
 from attention_zoo.lsh_kernel import LSHFunction
+from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
 
 
@@ -180,7 +181,7 @@ class LSHAttention(AttentionCore):
         dtype = q.dtype
         m, n_buckets = self.chunk_and_buckets(n, causal)
         pad = -(-n // m) * m - n
-        compute = torch.promote_types(q.dtype, torch.float32)
+        compute = compute_dtype(q.dtype)
         q = q if mask is None else zero_padded(q, mask)  # padded queries' rows must stay finite for backward
         q, k, v = (F.pad(t.to(compute), (0, 0, 0, pad)) if pad else t.to(compute) for t in (q, k, v))
         real = torch.ones(b, n, dtype=torch.bool, device=q.device) if mask is None else mask
@@ -202,7 +203,7 @@ class LSHAttention(AttentionCore):
         assert isinstance(state, LSHDecodingState)
         (b, h, t, d), dtype = q.shape, q.dtype
         m, n_buckets = self.chunk_and_buckets(state.length + t, causal=True)
-        compute = torch.promote_types(dtype, torch.float32)
+        compute = compute_dtype(dtype)
         real = torch.ones(b, t, dtype=torch.bool, device=q.device) if mask is None else mask
         q = (q if mask is None else zero_padded(q, mask)).to(compute)
         keys, v = F.normalize(k.to(compute), dim=-1), v.to(compute)

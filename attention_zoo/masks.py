@@ -2,15 +2,22 @@
 
 Key-padding masks are ``(B, Nk)``; dense "allowed" masks are ``(B | 1, 1, Nq, Nk)`` and broadcast over
 heads. Causal attention is aligned to the end: query ``i`` of ``Nq`` sits at position ``i + Nk - Nq``.
+A per-element rule (:data:`MaskMod`) follows FlexAttention's ``mask_mod`` convention.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
 from attention_zoo.core import DoubleBackwardError
+
+#: ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``, True = query ``q_idx`` may attend key ``kv_idx``; the
+#: arguments are broadcastable integer tensors (FlexAttention's convention)
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 def causal_allowed(nq: int, nk: int, device: torch.device | str | None = None) -> Tensor:

@@ -69,6 +69,7 @@ from torch import Tensor
 from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
+from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
 
 #: gate scores computed at once on the CPU (a chunk of queries against every block), about 1 MB in float32;
@@ -117,7 +118,7 @@ class MixtureOfBlockAttention(AttentionCore):
             present = torch.ones(q.shape[0], n, dtype=torch.bool, device=q.device) if mask is None else mask
             real = F.pad(present, (0, -n % c), value=False)
             q, k, v = (F.pad(t, (0, 0, 0, -n % c)) for t in (q, k, v))
-        work = _work_dtype(q.dtype)
+        work = compute_dtype(q.dtype)  # a sum of B keys needs float32's range
         sums = reduce(k.detach().to(work), "b h (g j) d -> b h g d", "sum", j=c)
         if real is None:
             counts = torch.full((q.shape[0], q.shape[-2] // c), float(c), dtype=work, device=q.device)
@@ -194,7 +195,7 @@ class BlockCache(DecodingState):
             return
         extra = max(slots, 2 * have) - have
         batch, heads, _, dim = like.shape
-        work = _work_dtype(like.dtype)
+        work = compute_dtype(like.dtype)
 
         def grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
             new = torch.zeros(shape, dtype=dtype, device=like.device)
@@ -275,8 +276,3 @@ def _tile_rows(pairs: int, routes: int) -> int:
     last tile of each block wastes about 1/8), at most ``_MAX_TILE``."""
     quarter = max(1, pairs // (4 * max(routes, 1)))
     return min(_MAX_TILE, 1 << (quarter.bit_length() - 1))
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Gate scores and block sums of half-precision inputs in float32 (a sum of B keys needs its range)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

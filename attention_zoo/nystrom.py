@@ -29,12 +29,12 @@ Choices where the paper is silent (it assumes n divisible by m and no padding):
   left out of F~ and A~ (masked columns, and an identity block in A~ that F~ never reads, so the
   pseudo-inverse of the real block is unchanged). With m = n and the exact pseudo-inverse the output is
   full attention exactly: F~ = A~ = B~ = S and S S^+ S = S.
-- Precision: B~ V runs in the input dtype; the landmark means (accumulated without rounding them to the
-  input dtype: A~ is ill-conditioned), A~, its pseudo-inverse and the product F~ (A~^+ B~ V) run in
-  float32 for bf16/fp16 input (float64 for float64), and the core turns autocast off inside, so the same
-  holds under autocast. The scale of (N5) is per matrix (per batch element and head); the reference code
-  divides by the largest column sum over the whole batch, which makes one sequence's output depend on the
-  others in its batch.
+- Precision (:mod:`attention_zoo.precision`): B~ V runs in the input dtype; the landmark means (accumulated
+  without rounding them to the input dtype: A~ is ill-conditioned), A~, its pseudo-inverse and the product
+  F~ (A~^+ B~ V) run in float32 for bf16/fp16 input (float64 for float64), and the core turns autocast off
+  inside, so the same holds under autocast. The scale of (N5) is per matrix (per batch element and head);
+  the reference code divides by the largest column sum over the whole batch, which makes one sequence's
+  output depend on the others in its batch.
 - ``conv_kernel_size``: the paper's depthwise convolution skip on V (kernel 33 in its experiments), along
   the sequence, one filter per head, V's padded tokens zeroed first.
 - Not causal: every landmark averages a whole segment, so a query would see its segment's future; a
@@ -67,6 +67,7 @@ from torch import Tensor, nn
 from attention_zoo import chunking
 from attention_zoo.core import Approximation, AttentionCore, BuildContext
 from attention_zoo.masks import masked_softmax
+from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
 
 #: the iterations of (N4) the paper uses: the default, and what ``pinv="exact"`` leaves unchanged
@@ -237,8 +238,7 @@ class NystromAttention(AttentionCore):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, n: positions, i/j: landmarks, d: head dim
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        with torch.autocast(q.device.type, enabled=False):
+        with full_precision(q) as work:
             q_land, k_land, present = self.landmarks(q, k, mask, work)
             keys = None if mask is None else rearrange(mask, "b n -> b 1 1 n")
             landmarks = None if present is None else rearrange(present, "b j -> b 1 1 j")

@@ -30,11 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attention_zoo.core import AttentionCore
+from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import get_attention_class, list_attentions
 from attention_zoo.transformer import DecoderState, Positional, TransformerDecoder, TransformerEncoder
 
@@ -184,7 +184,7 @@ class Seq2SeqTransformer(nn.Module):
 
 def _log_probs(logits: Tensor) -> Tensor:
     """Log-softmax in at least float32 (half-precision log-probabilities would tie beams that differ)."""
-    return F.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits, dim=-1)
+    return F.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
 
 
 class CachedDecoding:

@@ -15,10 +15,10 @@ pattern's tiles, forward and backward.
   compiled kernel (the mask tensor is an input of the compiled graph, not a constant of it).
 - A query with no allowed key (its pattern row is empty after causality and padding) gives zeros, the library
   convention: its log-sum-exp is -inf, and the output rows where it is are set to exactly zero.
-- The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx).
-  BigBird's reference mask function gathers its random-block table and reduces over it, which Inductor
-  cannot lower; :func:`generate_bigbird_pointwise` states the same pattern as a lookup in a block-level
-  bool matrix (the tests check the two give the same dense mask).
+- The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx):
+  elementwise ops on the index tensors, no reduction and no buffer or device copy made inside it (Inductor
+  lowers it as a pointwise subgraph). Every pattern's rule is (:mod:`attention_zoo.sparse_patterns`);
+  BigBird's random blocks are a lookup in a block-level bool matrix made on the device beforehand.
 - On CUDA the call goes through ``torch.compile(flex_attention)``, made once per process on first use.
   Each pattern configuration (the constants its mask function closes over), dtype, and padded or unpadded
   call compiles once; a new length may recompile once more (then shapes are dynamic). Past torch's
@@ -42,7 +42,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from attention_zoo.sparse_patterns import GlobalPlacement, MaskMod, bigbird_global_spans, bigbird_random_blocks
+from attention_zoo.masks import MaskMod
 
 try:  # torch >= 2.9; return_lse is deprecated there
     from torch.nn.attention.flex_attention import AuxRequest
@@ -107,47 +107,6 @@ def flex_pattern_attention(
     lse = aux if AuxRequest is None else aux.lse
     empty = rearrange(torch.isneginf(lse), "b h i -> b h i 1")  # no allowed key: lse = log 0
     return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
-
-
-def generate_bigbird_pointwise(
-    block_size: int,
-    window_blocks: int,
-    global_tokens: int,
-    random_blocks: int,
-    seed: int,
-    global_placement: GlobalPlacement,
-    *,
-    seq_len: int,
-    causal: bool,
-    device: torch.device,
-) -> MaskMod:
-    """:func:`attention_zoo.sparse_patterns.generate_bigbird`'s pattern (same spans, same random table) as a
-    pointwise function, which the compiled kernel needs: that one moves its ``(blocks, r)`` table to the device
-    and reduces over r inside the mask function, which Inductor cannot lower; here the table becomes a
-    ``(blocks, blocks)`` bool matrix on ``device``, looked up per element."""
-    num_blocks = -(-seq_len // block_size)
-    lead, trail_start = bigbird_global_spans(global_tokens, global_placement, block_size, seq_len, causal)
-    table = bigbird_random_blocks(
-        num_blocks,
-        window_blocks=window_blocks,
-        global_blocks=lead // block_size,
-        random_blocks=random_blocks,
-        seed=seed,
-        causal=causal,
-        trailing_global_blocks=(num_blocks * block_size - trail_start) // block_size,
-    )
-    chosen = torch.zeros(num_blocks, num_blocks + 1, dtype=torch.bool)  # column num_blocks: the -1 entries
-    chosen.scatter_(1, table.where(table >= 0, num_blocks), True)
-    chosen = chosen[:, :num_blocks].to(device)
-    half = window_blocks // 2
-
-    def bigbird(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        q_block, kv_block = q_idx // block_size, kv_idx // block_size
-        window = (q_block - kv_block).abs() <= half
-        is_global = (q_idx < lead) | (kv_idx < lead) | (q_idx >= trail_start) | (kv_idx >= trail_start)
-        return window | is_global | chosen[q_block, kv_block]
-
-    return bigbird
 
 
 def _key_padding(mask: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:

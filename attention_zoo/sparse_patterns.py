@@ -1,12 +1,15 @@
 """Sparse attention patterns as mask functions, in FlexAttention's ``mask_mod`` convention.
 
 A pattern is a function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = query ``q_idx`` may attend
-key ``kv_idx``) made by a factory ``generate_<pattern>(...)``. The functions use only broadcasting tensor
-ops, so one definition gives the dense ``(N, N)`` mask of the reference (:func:`dense_mask`), the exact
-element mask inside the tiles of the blocked fast path (:mod:`attention_zoo.block_sparse`), and works
-under ``torch.nn.attention.flex_attention.create_mask`` / ``create_block_mask``. None of these patterns
-depends on ``b`` or ``h``. Positions are 0-based; every pattern is bidirectional, and causal attention
-is the pattern AND :func:`causal_mask` (``torch.nn.attention.flex_attention.and_masks``).
+key ``kv_idx``) made by a factory ``generate_<pattern>(...)``. The functions are pointwise: elementwise
+tensor ops on the index tensors, and at most one lookup in a constant table already on their device. So
+one definition gives the dense ``(N, N)`` mask of the reference (:func:`dense_mask`), the exact element
+mask inside the tiles of the blocked fast path (:mod:`attention_zoo.block_sparse`), works under
+``torch.nn.attention.flex_attention.create_mask`` / ``create_block_mask``, and is what FlexAttention's
+compiled kernel evaluates inside its partial tiles (Inductor lowers the rule as a pointwise subgraph, in
+which no buffer may be created: no reduction, no device copy). None of these patterns depends on ``b`` or
+``h``. Positions are 0-based; every pattern is bidirectional, and causal attention is the pattern AND
+:func:`causal_mask` (``torch.nn.attention.flex_attention.and_masks``; :func:`with_causal`).
 
 In Child et al.'s notation the output at i attends the connectivity set S_i (eqs. (2)-(4)):
 a(x_i, S_i) = softmax((W_q x_i) K_{S_i}^T / sqrt(d)) V_{S_i}. The patterns, with S_i = {j : mask_mod(i, j)}:
@@ -43,20 +46,20 @@ a(x_i, S_i) = softmax((W_q x_i) K_{S_i}^T / sqrt(d)) V_{S_i}. The patterns, with
   depend on the total length, so a causal output would change when the sequence grows (the prefix
   property) and a decoder, which does not know the final length, could not compute it.
 
-Decoding (:func:`still_reachable`): a causal pattern's cache needs only the keys that some later query may
-still attend; each pattern states which.
+The patterns as objects, with their defaults, checks, blocked-path tiles and what a decoding cache keeps:
+:mod:`attention_zoo.patterns`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import and_masks
 
-#: (b, h, q_idx, kv_idx) -> bool, True = attend; arguments are broadcastable integer tensors
-MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+from attention_zoo.masks import MaskMod
+
 #: where BigBird's global tokens sit: the authors' first and last block, or all at the start
 GlobalPlacement = Literal["ends", "start"]
 
@@ -64,6 +67,11 @@ GlobalPlacement = Literal["ends", "start"]
 def causal_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
     """Query i sees keys j <= i (self-attention, Nq == Nk)."""
     return kv_idx <= q_idx
+
+
+def with_causal(mask_mod: MaskMod, causal: bool) -> MaskMod:
+    """``mask_mod``, AND :func:`causal_mask` when ``causal``."""
+    return and_masks(mask_mod, causal_mask) if causal else mask_mod
 
 
 def generate_sliding_window(window: int) -> MaskMod:
@@ -187,11 +195,15 @@ def generate_bigbird(
     *,
     seq_len: int,
     causal: bool,
+    device: torch.device | str | None = None,
 ) -> MaskMod:
     """Zaheer et al. BigBird-ITC on blocks of ``block_size``: window blocks + global tokens + random blocks.
 
     The random blocks and the trailing global block of ``"ends"`` are functions of ``seq_len`` and
-    ``causal`` (see :func:`bigbird_random_blocks`), so the mask function is made per sequence length.
+    ``causal`` (see :func:`bigbird_random_blocks`), so the mask function is made per sequence length, for
+    positions < ``seq_len``. The ``(blocks, r)`` random table becomes a ``(blocks, blocks)`` bool matrix
+    on ``device``, looked up per element: gathering the table's r entries and reducing over them inside the
+    rule would not be pointwise, and moving a table to the indices' device there would be a device copy.
     """
     num_blocks = -(-seq_len // block_size)
     lead, trail_start = bigbird_global_spans(global_tokens, global_placement, block_size, seq_len, causal)
@@ -204,58 +216,21 @@ def generate_bigbird(
         causal=causal,
         trailing_global_blocks=(num_blocks * block_size - trail_start) // block_size,
     )
+    chosen = None  # none drawn: no (blocks, blocks) matrix, which would grow with a decode's squared length
+    if bool((table >= 0).any()):
+        chosen = torch.zeros(num_blocks, num_blocks + 1, dtype=torch.bool)  # column num_blocks: the -1 entries
+        chosen.scatter_(1, table.where(table >= 0, num_blocks), True)
+        chosen = chosen[:, :num_blocks].to(device)
     half = window_blocks // 2
 
     def bigbird(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         q_block, kv_block = q_idx // block_size, kv_idx // block_size
         window = (q_block - kv_block).abs() <= half
         is_global = (q_idx < lead) | (kv_idx < lead) | (q_idx >= trail_start) | (kv_idx >= trail_start)
-        random = (table.to(q_idx.device)[q_block] == kv_block.unsqueeze(-1)).any(dim=-1)
-        return window | is_global | random
+        allowed = window | is_global
+        return allowed if chosen is None else allowed | chosen[q_block, kv_block]
 
     return bigbird
-
-
-def still_reachable(pattern: str, options: dict, positions: Tensor, n: int) -> Tensor:
-    """Which keys at ``positions`` (all < n) a causal query at a position >= n may still attend: the keys
-    a decoding cache must keep after n positions. ``pattern`` is ``"window"`` (options ``window``) or a
-    pattern of ``"sparse"`` with its options. A key dropped here is never needed again; the rules, and
-    what a cache keeps at length n per sequence and head:
-
-    - window w: j >= n - w/2: at most w/2 keys.
-    - strided l: every key. Query i sees the earlier keys with (i - j) mod l = 0, and later queries cover
-      every residue mod l, so no key ever becomes unreachable: n keys (attention per step still touches
-      only about l + n / l of them).
-    - fixed l, c: the current block (j >= floor(n / l) l) and the summary columns (j mod l >= l - c) of
-      earlier blocks: (n mod l) + c floor(n / l) keys, growing as c / l per position.
-    - blockwise b: the current block only: n mod b < b keys.
-    - longformer w, g: everything while n < g (a later global query sees all); then the g global keys
-      and j >= n - w/2: at most g + w/2 keys.
-    - bigbird: with random blocks, every key (a later query block may draw any earlier middle block);
-      with ``random_blocks = 0``, everything while n < lead (the leading global tokens: g, or g/2 for
-      ``"ends"``), then the lead keys and the window blocks J >= floor(n / b) - w_b // 2: at most
-      lead + (w_b // 2 + 1) b keys.
-    """
-    everything = torch.ones_like(positions, dtype=torch.bool)
-    if pattern == "window":
-        return positions >= n - options["window"] // 2
-    if pattern == "strided":
-        return everything
-    if pattern == "fixed":
-        stride = options["stride"]
-        return (positions >= n // stride * stride) | (positions % stride >= stride - options["summary_columns"])
-    if pattern == "blockwise":
-        return positions >= n // options["block_size"] * options["block_size"]
-    if pattern == "longformer":
-        lead = options["global_tokens"]
-        return everything if n < lead else (positions < lead) | (positions >= n - options["window"] // 2)
-    if pattern == "bigbird":
-        b = options["block_size"]
-        lead, _ = bigbird_global_spans(options["global_tokens"], options["global_placement"], b, n, causal=True)
-        if options["random_blocks"] > 0 or n < lead:
-            return everything
-        return (positions < lead) | (positions // b >= n // b - options["window_blocks"] // 2)
-    raise ValueError(f"unknown pattern {pattern!r}; known: window, strided, fixed, blockwise, longformer, bigbird")
 
 
 def dense_mask(mask_mod: MaskMod, n: int, device: torch.device | str | None = None) -> Tensor:

@@ -24,6 +24,7 @@ from attention_zoo.core import BuildContext, DecodingState
 from attention_zoo.init import init_transformer_
 from attention_zoo.mha import MultiHeadAttention, ProjectedMemory
 from attention_zoo.registry import get_attention_class, list_attentions
+from attention_zoo.short_convolution import ShortConvolution
 
 Positional = Literal["learned", "sinusoidal"]
 
@@ -127,7 +128,11 @@ class EncoderLayer(nn.Module):
 
 
 class TransformerEncoder(_Backbone):
-    """``forward(tokens (B, N), mask (B, N) bool | None) -> hidden states (B, N, dim)``."""
+    """``forward(tokens (B, N), mask (B, N) bool | None) -> hidden states (B, N, dim)``.
+
+    ``short_convolution``: kernel size of a causal depthwise convolution added to the embeddings before the first
+    layer (:mod:`attention_zoo.short_convolution`); 0 (the default) adds none.
+    """
 
     def __init__(
         self,
@@ -144,8 +149,12 @@ class TransformerEncoder(_Backbone):
         dropout: float = 0.0,
         positional: Positional = "learned",
         causal: bool = False,
+        short_convolution: int = 0,
     ) -> None:
         super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
+        if short_convolution < 0:
+            raise ValueError(f"short_convolution must be >= 0 (a kernel size; 0: none), got {short_convolution}")
+        self.short_convolution = ShortConvolution(dim, short_convolution) if short_convolution else None
         self.layers = nn.ModuleList(
             EncoderLayer(
                 dim,
@@ -166,6 +175,8 @@ class TransformerEncoder(_Backbone):
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         # b: batch, n: positions
         x = self.embed(tokens)
+        if self.short_convolution is not None:
+            x = self.short_convolution(x, mask)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)

@@ -33,7 +33,7 @@ def allowed_keys(core: az.AttentionCore, q: Tensor, k: Tensor, mask: Tensor, cau
     if core.approximation == "none":
         pattern = torch.ones(n, n, dtype=torch.bool)
     elif core.approximation == "fixed sparsity":
-        pattern = dense_mask(core.mask_mod(n, causal), n, q.device)  # the pattern AND j <= i when causal
+        pattern = dense_mask(core.mask_mod(n, causal, q.device), n, q.device)  # the pattern AND j <= i when causal
     else:
         return reference_selection(q, k, mask, causal, core.block_size, core.top_k)
     if causal:

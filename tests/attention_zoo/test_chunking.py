@@ -100,7 +100,7 @@ def test_blocked_local_window_takes_one_chunk_per_batch_item_on_cuda():
     # the 8 heads: CPU 2^19 -> 3 tiles, 43 chunks; CUDA 2^26 -> 409 tiles, 1 chunk (per batch item: the kernel
     # loops over the batch, so 8 x 43 = 344 chunks on CPU, 8 on CUDA)
     core = az.create_attention("local", dim_head=D, heads=H, window=256, impl="blocked")
-    layout = core.tile_layout(core.mask_mod(8192, False), 8192, False, CPU)
+    layout = core.pattern.tiles(core.mask_mod(8192, False), 8192, False, CPU)
     assert [group.blocked.shape for group in layout] == [(128, 64, 320)]
     assert chunk_count(layout, H, D, CPU) == 43
     assert chunk_count(layout, H, D, CUDA) == 1

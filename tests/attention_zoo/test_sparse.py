@@ -17,6 +17,15 @@ from torch.utils._pytree import tree_leaves
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
+from attention_zoo.patterns import (
+    BigBirdPattern,
+    BlockwisePattern,
+    FixedPattern,
+    LocalPattern,
+    LongformerPattern,
+    StridedPattern,
+    pattern_named,
+)
 from attention_zoo.sparse_patterns import (
     bigbird_random_blocks,
     causal_mask,
@@ -193,7 +202,7 @@ def test_bigbird_global_blocks_are_the_first_and_the_last(n):
     written out for 6 blocks of 2 tokens with g = 2 blocks and no random blocks."""
     itc = ["111111", "111001", "111101", "101111", "100111", "111111"]
     core = make("bigbird", {"block_size": 2, "random_blocks": 0})
-    assert core.options["global_tokens"] == 4 and core.options["global_placement"] == "ends"
+    assert core.pattern.global_tokens == 4 and core.pattern.global_placement == "ends"
     assert torch.equal(dense_mask(core.mask_mod(n, False), n), block_rows(itc, 2, n))
     # causal: only the leading block is global (a trailing one would depend on the final length)
     leading_only = ["111111", "111000", "111100", "101110", "100111", "100011"]
@@ -250,6 +259,18 @@ def test_bigbird_random_blocks_are_uniform_over_the_middle_blocks():
         )
 
 
+def test_bigbird_rule_holds_a_block_table_only_with_random_blocks():
+    """The rule looks random blocks up in a (blocks, blocks) table; without random blocks it holds none, so
+    the bounded BigBird decoding cache does not keep a table that grows with the square of its length."""
+
+    def tensors(rule) -> list[Tensor]:
+        return [cell.cell_contents for cell in rule.__closure__ if isinstance(cell.cell_contents, Tensor)]
+
+    assert not tensors(BigBirdPattern(block_size=4, random_blocks=0).rule(4096, True, "cpu"))
+    drawn = tensors(BigBirdPattern(block_size=4, random_blocks=1).rule(64, True, "cpu"))
+    assert [t.shape for t in drawn] == [(16, 16)]
+
+
 def test_aliases_equal_sparse_with_their_pattern():
     q, k, v = inputs(2, 40)
     for alias, options in [
@@ -261,23 +282,71 @@ def test_aliases_equal_sparse_with_their_pattern():
             torch.testing.assert_close(make(alias, options)(q, k, v, causal=causal), expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"pattern": "strided", "stride": 4, "block_size": 8}, "does not use block_size"),
-        ({"pattern": "blockwise", "block_size": 4, "seed": 1}, "does not use seed"),
-        ({"pattern": "fixed", "stride": 4}, "summary_columns must be <= stride, got 8 > 4"),
-        ({"pattern": "fixed", "stride": 4, "summary_columns": 5}, "summary_columns must be <= stride"),
-        ({"pattern": "longformer", "window": 7}, "window must be an even int"),
-        ({"pattern": "bigbird", "window_blocks": 2}, "window_blocks must be odd"),
-        ({"pattern": "bigbird", "random_blocks": -1}, "random_blocks must be >= 0"),
-        ({"pattern": "bigbird", "global_tokens": 3}, "global_tokens must be even"),
-        ({"pattern": "strided", "stride": 4, "global_placement": "start"}, "does not use global_placement"),
-    ],
-)
+INVALID_OPTIONS = [
+    ({"pattern": "strided", "stride": 4, "block_size": 8}, "does not use block_size"),
+    ({"pattern": "blockwise", "block_size": 4, "seed": 1}, "does not use seed"),
+    ({"pattern": "fixed", "stride": 4}, "summary_columns must be <= stride, got 8 > 4"),
+    ({"pattern": "fixed", "stride": 4, "summary_columns": 5}, "summary_columns must be <= stride"),
+    ({"pattern": "longformer", "window": 7}, "window must be an even int"),
+    ({"pattern": "bigbird", "window_blocks": 2}, "window_blocks must be odd"),
+    ({"pattern": "bigbird", "random_blocks": -1}, "random_blocks must be >= 0"),
+    ({"pattern": "bigbird", "global_tokens": 3}, "global_tokens must be even"),
+    ({"pattern": "strided", "stride": 4, "global_placement": "start"}, "does not use global_placement"),
+]
+
+
+@pytest.mark.parametrize(("options", "message"), INVALID_OPTIONS)
 def test_invalid_options_raise(options, message):
     with pytest.raises(ValueError, match=message):
         make("sparse", options)
+
+
+@pytest.mark.parametrize(("options", "message"), INVALID_OPTIONS)
+def test_the_pattern_objects_raise_the_same(options, message):
+    settings = {option: value for option, value in options.items() if option != "pattern"}
+    with pytest.raises(ValueError, match=message):
+        pattern_named(options["pattern"], **settings)
+
+
+def test_each_pattern_has_its_own_typed_defaults():
+    """``"sparse"`` with only a pattern name, and each alias with no option, get that pattern's defaults
+    (Child et al.'s stride 128 and 8 summary columns, blockwise 128, Longformer's w = 256 with one global
+    token, BigBird's block 64, 3 window and 3 random blocks and two global blocks at the ends)."""
+    expected = {
+        "strided": StridedPattern(stride=128),
+        "fixed": FixedPattern(stride=128, summary_columns=8),
+        "blockwise": BlockwisePattern(block_size=128),
+        "longformer": LongformerPattern(window=256, global_tokens=1),
+        "bigbird": BigBirdPattern(block_size=64, window_blocks=3, global_tokens=128, random_blocks=3, seed=0,
+                                  global_placement="ends"),
+    }  # fmt: skip
+    for name, pattern in expected.items():
+        assert make("sparse", {"pattern": name}).pattern == pattern, name
+    assert make("sparse", {}).pattern == expected["strided"]
+    assert make("local", {}).pattern == LocalPattern(window=256)
+    for alias in ("longformer", "bigbird"):
+        assert make(alias, {}).pattern == expected[alias], alias
+        defaults = {s.name: s.default for s in az.attention_options(az.get_attention_class(alias))}
+        assert all(defaults[o] == getattr(expected[alias], o) for o in defaults if o not in ("impl", "global_tokens"))
+    assert az.attention_options(az.get_attention_class("local"))[0].default == 256
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [*CONFIGS, ("bigbird", {"block_size": 3, "random_blocks": 0}), ("sparse", {"pattern": "strided", "stride": 4})],
+)
+def test_a_decoding_cache_keeps_exactly_the_keys_later_queries_attend(name, options):
+    """``still_reachable`` after n positions, against the causal pattern of 90 positions: every key that some
+    query at a position >= n attends is kept, and no other (with random blocks: every key is kept)."""
+    horizon = 90
+    pattern = make(name, options).pattern
+    allowed = dense_mask(pattern.mask_mod(horizon, True), horizon)
+    random_blocks = isinstance(pattern, BigBirdPattern) and pattern.random_blocks > 0
+    for n in range(1, 60):
+        needed = allowed[n:, :n].any(dim=0)
+        kept = pattern.still_reachable(torch.arange(n), n)
+        assert not (needed & ~kept).any(), f"n={n}: a key a later query attends was dropped"
+        assert random_blocks or torch.equal(kept, needed), f"n={n}: an unreachable key was kept"
 
 
 def test_local_window_must_be_even():
@@ -341,6 +410,6 @@ def test_blocked_path_memory_is_linear_in_n(name, options, keys_per_query):
 
 
 def test_causal_mask_composes_like_flex_attention():
-    mask_mod = and_masks(make("local", {"window": 4}).pattern(6, True), causal_mask)
+    mask_mod = and_masks(make("local", {"window": 4}).pattern.rule(6, True, "cpu"), causal_mask)
     expected = torch.tensor([[abs(i - j) <= 2 and j <= i for j in range(6)] for i in range(6)])
     assert torch.equal(dense_mask(mask_mod, 6), expected)

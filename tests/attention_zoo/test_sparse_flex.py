@@ -23,6 +23,7 @@ from torch import Tensor
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
 from attention_zoo.sparse_patterns import dense_mask
+from tests.attention_zoo.test_sparse import LargestTensor, reference_allowed
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -79,14 +80,31 @@ def test_flex_equals_dense(name, options, causal):
     assert set(flex._block_masks) == {(n, causal, torch.device("cpu")) for n in (32, 48)}
 
 
+#: what Inductor lowers inside a pointwise subgraph: elementwise ops on the indices, and the lookup of an
+#: element in a table made beforehand; no reduction (BigBird's table gathered and reduced over r), no copy
+POINTWISE_OPS = {
+    "abs", "sub", "add", "mul", "remainder", "floor_divide", "eq", "ne", "lt", "le", "gt", "ge",
+    "bitwise_or", "bitwise_and", "bitwise_not", "logical_or", "logical_and", "logical_not", "index",
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [20, 37, 64])
-@pytest.mark.parametrize(("name", "options"), [c for c in CONFIGS if "bigbird" in (c[0], c[1].get("pattern"))])
-def test_bigbird_pointwise_mask_is_the_pattern(name, options, n, causal):
-    """The compiled kernel needs a pointwise mask function; BigBird's is rewritten for it and must be the same."""
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_the_one_rule_is_pointwise_and_the_pattern(name, options, n, causal):
+    """The compiled kernel and the blocked and dense paths evaluate one mask function per pattern: it must be
+    pointwise for the kernel (BigBird's random blocks included), and it is the pattern as written from the
+    papers' definitions in tests/attention_zoo/test_sparse.py."""
     core = make(name, options)
-    pointwise = core.flex_mask_mod(n, causal, torch.device("cpu"))
-    assert torch.equal(dense_mask(pointwise, n), dense_mask(core.mask_mod(n, causal), n))
+    rule = core.pattern.rule(n, causal, torch.device("cpu"))
+    zero, positions = torch.zeros((), dtype=torch.long), torch.arange(n)
+    rows, columns = positions[:, None], positions[None, :]
+    with LargestTensor() as probe:
+        rule(zero, zero, rows, columns)
+    assert probe.ops <= POINTWISE_OPS, f"not pointwise: {sorted(probe.ops - POINTWISE_OPS)}"
+    kind = options.get("pattern", name)
+    expected = reference_allowed(kind, {o: x for o, x in options.items() if o != "pattern"}, n, causal)
+    assert torch.equal(dense_mask(core.mask_mod(n, causal, torch.device("cpu")), n), expected)
 
 
 def test_flex_equals_a_reference_written_from_the_definition():
