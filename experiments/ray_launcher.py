@@ -120,21 +120,20 @@ def run_compare(
     pending: list[Any],
     total: int,
     directory: Path,
-    task_config: str,
-    fit_args: list[str],
+    settings: Any,
     config: Any,
-    vary_data_order: bool,
     *,
     stop: threading.Event,
     finish: Callable[..., dict[str, Any]],
     out: Any,
 ) -> dict[str, dict[str, Any]]:
-    """Run ``pending`` (``compare_runs.Run``) as Ray tasks; ``finish(run, how, wall, ok, reason)`` makes each
-    run's row as it ends. Returns the rows by run name; setting ``stop`` cancels what has not ended."""
+    """Run ``pending`` (:class:`experiments.compare.runs.Run`) as Ray tasks, each with ``settings``
+    (:class:`experiments.compare.runs.RunSettings`) and the launcher's settings of ``config``;
+    ``finish(run, how, wall, ok, reason)`` makes each run's row as it ends. Returns the rows by run name;
+    setting ``stop`` cancels what has not ended."""
     ray = connect(config.ray_address)
     shared = config.ray_address is None or config.shared_dir is not None
     experiment = directory.absolute()  # the workers do not share this process's working directory
-    settings = dict(threads=config.threads, timeout=config.timeout, test=config.test, vary_data_order=vary_data_order)
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ} if config.ray_address is None else {}
     task = ray.remote(_compare_task).options(
         num_cpus=config.run_cpus or config.threads, num_gpus=config.run_gpus, max_retries=0
@@ -142,7 +141,7 @@ def run_compare(
     refs = {}
     for run in pending:
         earlier = None if shared else _pack_earlier(run.directory(experiment))
-        refs[task.remote(run, str(experiment), task_config, fit_args, settings, shared, earlier, env)] = run
+        refs[task.remote(run, str(experiment), settings, shared, earlier, env)] = run
     out.print(
         f"on Ray: {len(refs)} task(s), {config.run_cpus or config.threads:g} CPU and {config.run_gpus:g} GPU each; "
         + ("runs write into the experiment directory" if shared else "run files come back to this machine")
@@ -177,14 +176,7 @@ def run_compare(
 
 
 def _compare_task(
-    run: Any,
-    experiment: str,
-    task_config: str,
-    fit_args: list[str],
-    settings: dict[str, Any],
-    shared: bool,
-    earlier: bytes | None,
-    env: dict[str, str],
+    run: Any, experiment: str, settings: Any, shared: bool, earlier: bytes | None, env: dict[str, str]
 ) -> dict[str, Any]:
     """One run on a Ray worker: in the shared experiment directory, or in a scratch copy whose files return."""
     from experiments.compare.runs import attempt
@@ -193,14 +185,14 @@ def _compare_task(
     stop = threading.Event()  # a cancelled task stops by KeyboardInterrupt, which execute() passes on
     with _environment(env):
         if shared:
-            how, wall, ok, reason = attempt(run, Path(experiment), task_config, fit_args, stop=stop, **settings)
+            how, wall, ok, reason = attempt(run, Path(experiment), settings, stop=stop)
             return {"how": how, "wall": wall, "ok": ok, "reason": reason}
         with tempfile.TemporaryDirectory(prefix="zoo-ray-") as scratch:
             local = Path(scratch) / Path(experiment).name
             run_dir = run.directory(local)
             if earlier is not None:
                 _unpack(earlier, run_dir)
-            how, wall, ok, reason = attempt(run, local, task_config, fit_args, stop=stop, **settings)
+            how, wall, ok, reason = attempt(run, local, settings, stop=stop)
             return {"how": how, "wall": wall, "ok": ok, "reason": reason, "files": _pack(run_dir)}
 
 

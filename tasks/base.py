@@ -13,7 +13,6 @@ data is read or any step is taken. Batches follow the data contract (``tasks/dat
 
 from __future__ import annotations
 
-import inspect
 import math
 import zipfile
 from pathlib import Path
@@ -56,21 +55,6 @@ class ZooTask(pl.LightningModule):
     def describe_run(self) -> dict[str, Any]:
         """Task-specific entries of the run record (``run.json``), written when fitting starts."""
         return {}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # LightningCLI's config holds every linked size (num_classes, max_seq_len, ...) whether or not this task
-        # takes it, and saves them as hyperparameters; `zoo test --ckpt_path FILE` feeds them back to __init__,
-        # where an argument the task does not take is an error. Keep the task's own arguments only.
-        saved = checkpoint.get("hyper_parameters")
-        if saved:
-            accepted = {  # a subclass's **kwargs pass on to its parents' __init__
-                name
-                for cls in type(self).__mro__
-                if issubclass(cls, ZooTask)
-                for name in inspect.signature(cls.__init__).parameters
-            }
-            for key in [k for k in saved if not k.startswith("_") and k not in accepted]:
-                del saved[key]
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
@@ -144,6 +128,8 @@ class EncoderTask(ZooTask):
         ff_mult: feed-forward hidden width as a multiple of ``dim``.
         dropout: dropout on embeddings, attention output and feed-forward.
         positional: ``learned`` or ``sinusoidal`` absolute positions.
+        short_convolution: kernel size of a causal depthwise convolution over the embeddings before the first
+            layer (:mod:`attention_zoo.short_convolution`), the same for every attention; 0 adds none.
         lr: peak learning rate of AdamW.
         weight_decay: AdamW weight decay (not applied to biases, norms or other 1-D parameters).
         warmup_steps: linear warm-up steps before the schedule.
@@ -167,6 +153,7 @@ class EncoderTask(ZooTask):
         ff_mult: int = 4,
         dropout: float = 0.0,
         positional: Positional = "learned",
+        short_convolution: int = 0,
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_steps: int = 100,
@@ -188,6 +175,7 @@ class EncoderTask(ZooTask):
                 ff_mult=ff_mult,
                 dropout=dropout,
                 positional=positional,
+                short_convolution=short_convolution,
             )
         except ValueError as error:
             raise ConfigError(f"cannot build the encoder with attention={attention!r}: {error}") from None

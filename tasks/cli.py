@@ -8,11 +8,12 @@
     zoo fit -c configs/listops.yaml --print_config                    # the resolved config
 
 The sizes of :data:`LINKED` (``vocab_size``, ``max_seq_len``, ``num_classes``; for translation
-``max_source_len``, ``max_target_len``) are set once, on the data module, and linked into the model. A
-wrong attention name or option stops before training with the valid names or options. With the
-TensorBoard logger of the configs, a run logs to ``<save_dir>/<name>/<attention>/version_<n>/`` (events,
-``config.yaml``, ``run.json``, ``checkpoints/``), so ``tensorboard --logdir <save_dir>/<name>`` overlays
-the mechanisms of one task; ``--ckpt_path last`` continues the newest ``version_<n>`` of that mechanism.
+``max_source_len``, ``max_target_len``) are set once, on the data module, and linked into the model, each
+into a model whose ``__init__`` takes it (:func:`linked_sizes`). A wrong attention name or option stops
+before training with the valid names or options. With the TensorBoard logger of the configs, a run logs to
+``<save_dir>/<name>/<attention>/version_<n>/`` (events, ``config.yaml``, ``run.json``, ``checkpoints/``), so
+``tensorboard --logdir <save_dir>/<name>`` overlays the mechanisms of one task; ``--ckpt_path last`` continues
+the newest ``version_<n>`` of that mechanism.
 Setting ``--trainer.logger.init_args.version`` logs to ``<save_dir>/<name>/<version>/`` exactly.
 
 Checked before anything is built or written (each failure is one ``zoo <command>: error:`` line, exit
@@ -61,11 +62,11 @@ from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatc
 from tasks.callbacks import SaveConfigToRun
 from tasks.data.base import DataError
 
-#: sizes set once on the data module and linked into the model: the encoder tasks take vocab_size,
-#: max_seq_len and num_classes, the translation task vocab_size, max_source_len and max_target_len. A link
-#: whose attribute the data module lacks is skipped (jsonargparse), and a task whose signature lacks the
-#: target ignores it, so one list serves every pair of task and data module; a task paired with data that
-#: lacks one of its sizes gets None and says so (TranslationTask), or fails its target check at setup.
+#: sizes set once on the data module and linked into the model, each into a task whose ``__init__`` takes it
+#: (:func:`linked_sizes`): the encoder tasks take vocab_size, max_seq_len and num_classes, the translation task
+#: vocab_size, max_source_len and max_target_len. A link whose attribute the data module lacks is skipped
+#: (jsonargparse): a task paired with data that lacks one of its sizes gets None and says so (TranslationTask),
+#: or fails its target check at setup.
 LINKED = ("vocab_size", "max_seq_len", "num_classes", "max_source_len", "max_target_len")
 #: ``--ckpt_path`` values that Lightning resolves itself (they name no file here)
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -95,6 +96,8 @@ class ZooCLI(LightningCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        # which task runs is known only after parsing, and parsing needs the links (a linked argument is not
+        # required): every size is linked here, and before_instantiate_classes keeps the task's own
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
 
@@ -153,6 +156,7 @@ class ZooCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        keep_size_links(self._parser(self.subcommand), linked_sizes(config.model.class_path))
         if self.subcommand == "fit":
             check_training_length(config.trainer)
         place_run(config.trainer.logger, config.model.init_args.attention, resume=config.get("ckpt_path") == "last")
@@ -160,6 +164,24 @@ class ZooCLI(LightningCLI):
             init = getattr(logger, "init_args", None)
             if init is not None and init.get("save_dir") is not None:
                 check_writable(Path(init.save_dir) / (init.get("name") or ""), init.save_dir)
+
+
+def linked_sizes(task: str | type) -> tuple[str, ...]:
+    """The sizes of :data:`LINKED` that ``task`` (a class or its import path) takes, as jsonargparse reads its
+    ``__init__`` (following ``**kwargs`` into its bases)."""
+    taken = set(init_options(task))
+    return tuple(name for name in LINKED if name in taken)
+
+
+def keep_size_links(parser: LightningArgumentParser, sizes: tuple[str, ...]) -> None:
+    """Drop the links of :data:`LINKED` into the model other than ``sizes``. jsonargparse skips a link into an
+    argument the model lacks but still counts it as applied, and LightningCLI saves every applied link as a
+    hyperparameter: ``--ckpt_path FILE`` would then pass it back to an ``__init__`` that does not take it."""
+    links = getattr(parser, "_links_group", None)  # jsonargparse has no public way to remove a link
+    if links is None:
+        return
+    unused = {f"model.init_args.{name}" for name in LINKED if name not in sizes}
+    links._group_actions[:] = [link for link in links._group_actions if link.target[0] not in unused]
 
 
 def check_checkpoint(ckpt_path: str | None, model: Any) -> dict[str, Any] | None:
@@ -410,7 +432,7 @@ def parser_error_line(message: str) -> str:
     if top and unknown:
         class_path, key = unknown.groups()
         flag = f"--{top[1]}.{key}"
-        options = _init_options(class_path)
+        options = init_options(class_path)
         close = difflib.get_close_matches(key, options, n=3, cutoff=0.6)
         hint = (
             f"did you mean {' or '.join(f'--{top[1]}.{name}' for name in close)}?"
@@ -423,7 +445,7 @@ def parser_error_line(message: str) -> str:
         flag = unrecognized[1].split("=", 1)[0]
         hint = ""
         if flag.startswith("--trainer."):
-            close = difflib.get_close_matches(flag.removeprefix("--trainer."), _init_options(Trainer), n=3)
+            close = difflib.get_close_matches(flag.removeprefix("--trainer."), init_options(Trainer), n=3)
             hint = f"; did you mean {' or '.join(f'--trainer.{name}' for name in close)}?" if close else ""
         return f"unrecognized argument {flag}{hint}"
     keys = [match for match in re.finditer(r'Parser key "([^"]+)"', message)]
@@ -437,7 +459,7 @@ def parser_error_line(message: str) -> str:
     return first
 
 
-def _init_options(target: str | type) -> list[str]:
+def init_options(target: str | type) -> list[str]:
     """The parameters of a class's ``__init__`` (a class or its import path), and of its bases' while an
     ``__init__`` passes ``**kwargs`` on, as jsonargparse reads them; [] if they cannot be read."""
     options: dict[str, None] = {}

@@ -20,8 +20,7 @@ from torchmetrics.text import Perplexity
 
 from attention_zoo.init import init_linear_
 from tasks.base import STAGES, EncoderTask, Stage
-
-IGNORE_INDEX = -100
+from tasks.data.base import IGNORE_INDEX
 
 
 class TokenPrediction(EncoderTask):

@@ -44,9 +44,9 @@ from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import Positional
 from tasks.base import ConfigError, ZooTask
+from tasks.data.base import IGNORE_INDEX
 from tasks.translation_metrics import copy_baseline, corpus_scores
 
-IGNORE_INDEX = -100
 EvalStage = Literal["val", "test"]
 
 

@@ -14,3 +14,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread_and_private_cache(tmp_path, monkeypatch):
+    """One torch thread and a data cache of the test's own (``ZOO_CACHE`` in ``tmp_path``), for tests that train
+    tiny runs in-process. Use with ``pytestmark = pytest.mark.usefixtures("one_thread_and_private_cache")``."""
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

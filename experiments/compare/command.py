@@ -48,38 +48,34 @@ the cluster at ``--ray_address`` (``experiments/ray_launcher.py``); the default 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import logging
 import os
 import platform
+import re
 import signal
 import sys
 import threading
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from jsonargparse.typing import Path_fr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
 from experiments.compare.lock import ExperimentLocked, experiment_lock
-from experiments.compare.runs import (
-    Entry,
-    Run,
-    attempt,
-    is_finished,
-    is_tested,
-    run_row,
-)
+from experiments.compare.runs import Entry, Run, RunSettings, attempt, is_finished, is_tested, run_row
 from experiments.compare.summary import format_interval, primary_metric, print_table, write_outputs
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
 from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+#: the task configs: ``configs/`` of the repository, which ``experiments/configs`` links to, so that a wheel ships
+#: them as package data of ``experiments`` and an installed ``zoo compare`` finds its default where it is installed
+CONFIGS = Path(str(resources.files("experiments") / "configs"))
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
@@ -89,7 +85,7 @@ RESUMABLE_CHANGES = (
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo compare", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="zoo compare", description=__doc__.split("\n\n")[0], exit_on_error=False)
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task_config)"
     )
@@ -236,10 +232,13 @@ def shown_path(path: str) -> str:
         return str(normal)
 
 
-def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -> tuple[list[str], bool]:
+def check_entries(
+    entries: list[Entry], task_config: str, fit_args: list[str], *, verbose: bool = False
+) -> tuple[list[tuple[str, str]], bool]:
     """Build every entry's model and data module as its ``zoo fit`` would (no training, nothing written).
-    Returns the problems (one line per bad entry) and whether the data module takes ``shuffle_seed``."""
-    from tasks.cli import build
+    Returns the problems, ``(label, the one line zoo fit would refuse it with)`` per bad entry, and whether
+    the data module takes ``shuffle_seed``. ``verbose``: a parser error's full message goes to stderr too."""
+    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, build, init_options, parser_error_line
 
     problems, shuffle = [], False
     quiet = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
@@ -250,20 +249,36 @@ def check_entries(entries: list[Entry], task_config: str, fit_args: list[str]) -
         for entry in entries:
             argv = ["-c", task_config, "--model.attention", entry.attention, "--model.attention_options",
                     yaml.safe_dump(entry.options, default_flow_style=True).strip(), *fit_args]  # fmt: skip
-            errors = io.StringIO()
             try:
-                with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
-                    _, data = build(argv)
-                shuffle = shuffle or "shuffle_seed" in inspect.signature(type(data).__init__).parameters
-            except SystemExit:  # jsonargparse reports a bad argument on stderr and exits
-                lines = [line for line in errors.getvalue().splitlines() if line.startswith("error:")]
-                problems.append(f"{entry.label}: {lines[-1] if lines else errors.getvalue().strip()[-300:]}")
+                with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                    _, data = build(argv, exit_on_error=False)
+                shuffle = shuffle or "shuffle_seed" in init_options(type(data))
+            except ArgumentError as error:  # jsonargparse: a bad flag or value, shortened as zoo fit shortens it
+                if verbose:
+                    print(f"{entry.label}: {error}", file=sys.stderr)
+                more = "" if verbose else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
+                problems.append((entry.label, parser_error_line(str(error)) + more))
+            except SystemExit:  # --help or --print_config among the fit arguments: zoo fit prints and stops
+                problems.append((entry.label, "zoo fit stops before training (--help or --print_config?)"))
             except Exception as error:  # noqa: BLE001  (any construction error is this entry's problem)
-                problems.append(f"{entry.label}: {error}")
+                problems.append((entry.label, str(error)))
     finally:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
     return problems, shuffle
+
+
+def entry_problems(problems: list[tuple[str, str]], total: int) -> str:
+    """The refusal of a comparison with entries that cannot be built: one line when they all fail the same way
+    (a bad fit argument fails every entry), else a line per problem, with the entries that have it."""
+    labels: dict[str, list[str]] = {}
+    for label, problem in problems:
+        labels.setdefault(problem, []).append(label)
+    count = f"{len(problems)} of {total} entr{'y' if total == 1 else 'ies'} cannot be built, nothing was run"
+    if len(labels) == 1:
+        ((problem, names),) = labels.items()
+        return f"{count} ({', '.join(names)}): {problem}"
+    return f"{count}:\n  " + "\n  ".join(f"{', '.join(names)}: {problem}" for problem, names in labels.items())
 
 
 def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fresh: bool) -> tuple[Path, bool]:
@@ -280,7 +295,7 @@ def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fr
         saved = path / "compare.yaml"
         if not saved.is_file():
             raise ValueError(f"{path} exists but is not a zoo compare experiment; choose another --experiment")
-        earlier = _identity(yaml.safe_load(saved.read_text()) or {})
+        earlier, identity = _identity(yaml.safe_load(saved.read_text()) or {}), _identity(identity)
         if earlier != identity:
             changed = sorted(k for k in set(earlier) | set(identity) if earlier.get(k) != identity.get(k))
             raise ValueError(
@@ -299,16 +314,40 @@ def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fr
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
+    """What makes a comparison the same one; the task config by the file it names (``a/../configs/x.yaml``,
+    a link to it and the file itself are one config)."""
+    identity = {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
+    if isinstance(identity.get("task_config"), str):
+        identity["task_config"] = os.path.realpath(identity["task_config"])
+    return identity
 
 
 def main(argv: list[str]) -> int:
-    with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
-        return _compare(argv, held)
+    """``zoo compare``; a refused setting (jsonargparse's errors and the checks below, all raised as
+    ``ArgumentError`` before anything is written) is one ``zoo compare: error:`` line, exit code 2; a bare
+    ``--verbose`` or ``ZOO_VERBOSE=1`` prints the parser's full message first."""
+    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, _take_verbose, parser_error_line
 
-
-def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    (own, verbose), (fit_extra, fit_verbose) = _take_verbose(own), _take_verbose(fit_extra)
+    verbose = verbose or fit_verbose  # a bare --verbose is no zoo fit option: after -- it asks this command too
+    try:
+        with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
+            return _compare(own, fit_extra, held, verbose)
+    except ArgumentError as error:
+        message = str(error).strip()
+        line = parser_error_line(message)
+        if line.endswith(":"):  # jsonargparse's heading of a reason on the lines below (a file that does not exist)
+            reasons = [part.strip() for part in message.splitlines()[1:] if part.strip()]
+            line = re.sub(r'^Parser key "([^"]+)":', r"--\1:", line) + (f" {reasons[-1]}" if reasons else "")
+        if verbose:
+            print(message, file=sys.stderr)
+        more = "" if verbose or line == message else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
+        print(f"zoo compare: error: {line}{more}", file=sys.stderr)
+        return 2
+
+
+def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, verbose: bool) -> int:
     parser = build_parser()
     config = parser.parse_args(own)
     if config.task_config is None:  # no task named: the embedded default experiment, under the given overrides
@@ -331,7 +370,14 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
         except RayLauncherError as error:
             print(f"zoo compare: error: {error}", file=sys.stderr)
             return 2
-    task_config = str(Path(config.task_config.absolute))
+    if config.bench is not None:  # the report at the end needs its timings: a bad folder stops the comparison now
+        from experiments.compare.report import load_bench
+
+        try:
+            load_bench(Path(config.bench))
+        except ValueError as error:
+            parser.error(f"--bench: {error}")
+    task_config = os.path.realpath(config.task_config.absolute)  # the file, as the summary and resume name it
     shown_config = shown_path(task_config)
     fit_args = [*config.fit_args, *fit_extra]
     try:
@@ -339,9 +385,13 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     except ValueError as error:
         parser.error(str(error))
     out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {shown_config} ...")
-    problems, vary_data_order = check_entries(entries, task_config, fit_args)
+    problems, vary_data_order = check_entries(entries, task_config, fit_args, verbose=verbose)
     if problems:
-        parser.error("these entries cannot be built, nothing was run:\n  " + "\n  ".join(problems))
+        print(f"zoo compare: error: {entry_problems(problems, len(entries))}", file=sys.stderr)
+        return 2
+    settings = RunSettings(
+        task_config, tuple(fit_args), config.threads, config.timeout, config.test, vary_data_order=vary_data_order
+    )
     resolved = yaml.safe_load(parser.dump(config, skip_none=False, skip_check=True))
     resolved["task_config"], resolved["fit_args"] = task_config, fit_args
     if config.launcher == "ray":
@@ -353,7 +403,7 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     runs_dir = Path(config.shared_dir or config.runs_dir)  # --shared_dir: the runs directory every node sees
     try:
         directory, resuming = experiment_directory(
-            runs_dir, config.experiment or Path(task_config).stem, _identity(resolved), config.fresh
+            runs_dir, config.experiment or Path(config.task_config.absolute).stem, _identity(resolved), config.fresh
         )
     except ValueError as error:
         parser.error(str(error))
@@ -383,8 +433,7 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
 
             finish = lambda run, *result: _finish(run, run.directory(directory), *result, stop=stop, out=out)
             pending = [run for run in runs if run not in done]
-            finished = run_compare(pending, len(runs), directory, task_config, fit_args, config, vary_data_order,
-                                   stop=stop, finish=finish, out=out)  # fmt: skip
+            finished = run_compare(pending, len(runs), directory, settings, config, stop=stop, finish=finish, out=out)
             rows = [finished.get(run.name) or _unrun_row(run, directory, config.test) for run in runs]
         else:
             with Progress(
@@ -393,9 +442,7 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
             ) as progress:  # fmt: skip
                 overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
                 for run in runs:
-                    rows.append(
-                        _do_run(run, directory, task_config, fit_args, config, vary_data_order, stop, progress, out)
-                    )
+                    rows.append(_do_run(run, directory, settings, stop, progress, out))
                     if run not in done:
                         progress.advance(overall)
     finally:
@@ -428,8 +475,11 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
     if config.bench:
         from experiments.compare.report import write_report
 
-        report = write_report(directory, Path(config.bench))
-        written += f", {report.name}, pareto.png"
+        try:
+            report = write_report(directory, Path(config.bench))
+            written += f", {report.name}, pareto.png"
+        except ValueError as error:  # e.g. no finished full run to compare with: the comparison's files stand
+            print(f"zoo compare: warning: no zoo report: {error}", file=sys.stderr)
     out.print(f"wrote {directory}/ {written}; curves: tensorboard --logdir {directory}")
     if stop.is_set():
         out.print(f"[yellow]interrupted[/]: rerun the same command to resume {directory}")
@@ -438,25 +488,14 @@ def _compare(argv: list[str], held: contextlib.ExitStack) -> int:
 
 
 def _do_run(
-    run: Run,
-    directory: Path,
-    task_config: str,
-    fit_args: list[str],
-    config: Any,
-    vary_data_order: bool,
-    stop: threading.Event,
-    progress: Progress,
-    out: Any,
+    run: Run, directory: Path, settings: RunSettings, stop: threading.Event, progress: Progress, out: Any
 ) -> dict[str, Any]:
     run_dir = run.directory(directory)
-    if _is_done(run_dir, config.test) or stop.is_set():
-        return _unrun_row(run, directory, config.test)
+    if _is_done(run_dir, settings.test) or stop.is_set():
+        return _unrun_row(run, directory, settings.test)
     task = progress.add_task(run.name, total=None)
-    result = attempt(
-        run, directory, task_config, fit_args, threads=config.threads, timeout=config.timeout, test=config.test,
-        vary_data_order=vary_data_order, stop=stop,
-        on_progress=lambda step, total: progress.update(task, completed=step, total=total),
-    )  # fmt: skip
+    on_progress = lambda step, total: progress.update(task, completed=step, total=total)
+    result = attempt(run, directory, settings, stop=stop, on_progress=on_progress)
     progress.remove_task(task)
     return _finish(run, run_dir, *result, stop=stop, out=out)
 

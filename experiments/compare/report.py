@@ -18,18 +18,27 @@ Writes into the compare experiment's folder:
 
 Bench rows are matched to compare entries by mechanism and options; a mechanism the bench measured only
 with other options is matched to those, and the table says so.
+
+Both records are checked before anything is written: a ``runs.csv`` with a missing or unexpected column, a row
+with more or fewer fields than its header (a truncated file), a value of the wrong kind, or a ``results.jsonl``
+line that is not a JSON object (a truncated or corrupt file), or a timing without one of the fields the report
+reads, is one ``zoo report: error:`` line naming the file (and line), exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from experiments.bench.tables import is_baseline
 from experiments.compare.summary import (
+    RUN_COLUMNS,
     format_difference,
     format_interval,
     lower_is_better,
@@ -38,33 +47,144 @@ from experiments.compare.summary import (
 )
 from experiments.stats import RULE, PairedDifference, margin_text
 
+#: the runs.csv columns the report reads (zoo compare writes RUN_COLUMNS, then one per further metric)
+COMPARE_COLUMNS = ("mechanism", "attention", "options", "options_from", "seed", "status", "reason", "tokens_per_s")
+#: the metric columns zoo compare adds beyond RUN_COLUMNS
+METRIC_PREFIXES = ("val_", "test_", "decode_")
+#: the text columns of runs.csv; every other column holds numbers (or nothing)
+TEXT_COLUMNS = ("mechanism", "attention", "options", "options_from", "status", "reason", "run_dir")
+#: the statuses zoo compare gives a run
+RUN_STATUSES = ("ok", "failed", "interrupted", "not run")
+#: the fields of a bench timing the report reads, with what each must be
+TIMING_FIELDS = {"attention": str, "options": dict, "seq_len": int, "mode": str, "dtype": str, "level": str,
+                 "time_ms_median": float}  # fmt: skip
+
+
+def read_text(path: Path, what: str) -> str:
+    """The text of a record file; ValueError naming it when it is missing, unreadable or not UTF-8 text."""
+    if not path.is_file():
+        raise ValueError(f"{path.parent} has no {path.name}: not {what}")
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): a binary or corrupt file, not {what}") from None
+    if "\0" in text:
+        raise ValueError(f"{path}: a NUL character: a binary or corrupt file, not {what}")
+    return text
+
 
 def load_compare(directory: Path) -> list[dict[str, Any]]:
+    """The rows of a compare experiment's ``runs.csv``, checked: the columns the report reads and no others
+    than zoo compare writes, each row as many fields as the header, numbers where numbers belong."""
     path = directory / "runs.csv"
-    if not path.is_file():
-        raise ValueError(f"{directory} has no runs.csv: not a zoo compare experiment (or one that never finished)")
-    with open(path) as file:
-        rows = list(csv.DictReader(file))
-    return [{k: _parse(v) for k, v in row.items()} for row in rows]
+    what = "a zoo compare experiment (or one that never finished)"
+    reader = csv.reader(io.StringIO(read_text(path, what), newline=""))
+    try:
+        header = next(reader, None)
+        if not header:
+            raise ValueError(f"{path}: empty: not {what}")
+        missing = [c for c in COMPARE_COLUMNS if c not in header]
+        unexpected = [c for c in header if c not in RUN_COLUMNS and not c.startswith(METRIC_PREFIXES)]
+        twice = sorted({c for c in header if header.count(c) > 1})
+        problems = []
+        if missing:
+            problems.append(f"missing column(s) {_names(missing)} (zoo report reads {', '.join(COMPARE_COLUMNS)})")
+        if unexpected:
+            written = f"{', '.join(RUN_COLUMNS)}, then {'*, '.join(METRIC_PREFIXES)}* metrics"
+            problems.append(f"unexpected column(s) {_names(unexpected)} (zoo compare writes {written})")
+        problems += [f"column(s) given twice: {_names(twice)}"] if twice else []
+        if problems:
+            raise ValueError(f"{path}: not a zoo compare runs.csv: {'; '.join(problems)}")
+        rows = []
+        for fields in reader:
+            if not fields:
+                continue
+            where = f"{path} line {reader.line_num}"
+            if len(fields) != len(header):
+                raise ValueError(
+                    f"{where}: {len(fields)} fields, the header has {len(header)}: a truncated or corrupt file"
+                )
+            rows.append(_checked_run({k: _parse(v) for k, v in zip(header, fields, strict=True)}, where))
+    except csv.Error as error:
+        raise ValueError(f"{path} line {reader.line_num}: not CSV ({error})") from None
+    if not rows:
+        raise ValueError(f"{path}: no runs, only a header")
+    return rows
 
 
-def load_bench(directory: Path, *, mode: str, dtype: str, level: str) -> list[dict[str, Any]]:
+def _checked_run(row: dict[str, Any], where: str) -> dict[str, Any]:
+    if row["status"] not in RUN_STATUSES:
+        raise ValueError(f"{where}: status {row['status']!r}; a run's status is one of {', '.join(RUN_STATUSES)}")
+    for column, value in row.items():
+        if column not in TEXT_COLUMNS and value is not None and not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: {column} {value!r} is not a number")
+    if not isinstance(row["seed"], int):
+        raise ValueError(f"{where}: seed {row['seed']!r} is not an int")
+    try:
+        options = json.loads(row["options"] or "")
+    except json.JSONDecodeError:
+        options = None
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: options {row['options']!r} is not a JSON object {{...}}")
+    speed = row["tokens_per_s"]
+    if row["status"] == "ok" and not (isinstance(speed, (int, float)) and speed > 0):
+        raise ValueError(f"{where}: a finished run (status ok) with tokens_per_s {speed!r}; it must be a number > 0")
+    row["mechanism"], row["attention"] = str(row["mechanism"]), str(row["attention"])  # a label may read as a number
+    return row
+
+
+def load_bench(
+    directory: Path, *, mode: str = "fwd+bwd", dtype: str = "float32", level: str = "core"
+) -> list[dict[str, Any]]:
+    """The non-causal timings of a bench ``results.jsonl`` at ``mode``, ``dtype`` and ``level`` (the latest row
+    of each case), checked: every line a JSON object, every timing with the fields the report reads."""
     path = directory / "results.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{directory} has no results.jsonl: not a zoo bench --out folder")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(read_text(path, "a zoo bench --out folder").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number}: not JSON ({error.msg}): a truncated or corrupt file") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number}: expected a JSON object {{...}}, got {type(row).__name__}")
+        if row.get("kind") == "time" and row.get("status") == "ok":
+            _check_timing(row, f"{path} line {number}")
+        rows.append(row)
     chosen = [
         r for r in rows
         if r.get("kind") == "time" and r.get("status") == "ok" and r["mode"] == mode and r["dtype"] == dtype
         and r["level"] == level and not r.get("causal")
     ]  # fmt: skip
     if not chosen:
-        found = sorted({(r.get("level"), r.get("mode"), r.get("dtype")) for r in rows})
+        found = sorted({f"{r.get('level')} {r.get('mode')} {r.get('dtype')}" for r in rows if r.get("kind") == "time"})
         raise ValueError(f"{path} has no non-causal {level} {mode} {dtype} timings; it has {found}")
     latest: dict[tuple, dict[str, Any]] = {}
     for row in chosen:  # a rerun case replaces its earlier result
         latest[(row["attention"], json.dumps(row["options"], sort_keys=True), row["seq_len"])] = row
     return list(latest.values())
+
+
+def _check_timing(row: dict[str, Any], where: str) -> None:
+    missing = [name for name in TIMING_FIELDS if name not in row]
+    if missing:
+        raise ValueError(f"{where}: a timing (kind time, status ok) without {_names(missing)}")
+    for name, kind in TIMING_FIELDS.items():
+        value = row[name]
+        if kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{where}: {name} {value!r} is not a number > 0")
+        elif kind is int:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{where}: {name} {value!r} is not an int >= 1")
+        elif not isinstance(value, kind):
+            expected = "a JSON object {...}" if kind is dict else "a string"
+            raise ValueError(f"{where}: {name} {value!r} is not {expected}")
 
 
 def bench_speedups(bench: list[dict[str, Any]], attention: str, options: dict) -> tuple[dict[int, float], str]:
@@ -231,6 +351,10 @@ def _change(change: PairedDifference | None) -> str:
     return format_difference(change, "", interval=True)
 
 
+def _names(names: list[str]) -> str:
+    return ", ".join(map(repr, names))
+
+
 def _parse(value: str) -> Any:
     if value == "":
         return None
@@ -259,7 +383,11 @@ def main(argv: list[str]) -> int:
         path = write_report(
             args.compare, args.bench, mode=args.mode, dtype=args.dtype, level=args.level, margin=args.margin
         )
-    except ValueError as error:
-        parser.error(str(error))
+    except ValueError as error:  # records that are missing, of another kind, truncated or corrupt: named
+        print(f"zoo report: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # the experiment folder is not writable
+        print(f"zoo report: error: cannot write {error.filename}: {error.strerror}", file=sys.stderr)
+        return 2
     print(f"wrote {path} and {path.parent / 'pareto.png'}")
     return 0

@@ -157,34 +157,39 @@ def execute(
     return process.returncode, time.perf_counter() - started, ended
 
 
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run of one comparison shares, here or on a Ray worker: the ``zoo fit`` config and extra
+    arguments, torch threads, the time limit, whether each fitted run is then tested, and whether the seed
+    also sets the data order (the data module takes ``shuffle_seed``)."""
+
+    task_config: str
+    fit_args: tuple[str, ...]
+    threads: int
+    timeout: float | None
+    test: bool
+    vary_data_order: bool
+
+
 def attempt(
-    run: Run,
-    experiment: Path,
-    task_config: str,
-    fit_args: list[str],
-    *,
-    threads: int,
-    timeout: float | None,
-    test: bool,
-    vary_data_order: bool,
-    stop: threading.Event,
-    on_progress: Any = None,
+    run: Run, experiment: Path, settings: RunSettings, *, stop: threading.Event, on_progress: Any = None
 ) -> tuple[str, float, bool, str]:
     """Fit ``run`` in ``experiment`` unless it is finished (continuing an unfinished attempt), then with
-    ``test`` ``zoo test`` it; return (what was done with an earlier attempt, wall seconds, ok, why not)."""
+    ``settings.test`` ``zoo test`` it; return (what was done with an earlier attempt, wall seconds, ok, why not)."""
     run_dir = run.directory(experiment)
-    settings = dict(threads=threads, timeout=timeout, stop=stop)
+    limits = dict(threads=settings.threads, timeout=settings.timeout, stop=stop)
+    config, fit_args, timeout = settings.task_config, list(settings.fit_args), settings.timeout
     how, wall, ok, reason = "already fitted", 0.0, True, ""
     if not is_finished(run_dir):
         how = prepare_directory(run_dir)
-        command = fit_command(run, task_config, experiment, fit_args, vary_data_order=vary_data_order)
-        returncode, wall, ended = execute(command, run_dir, **settings, on_progress=on_progress)
+        command = fit_command(run, config, experiment, fit_args, vary_data_order=settings.vary_data_order)
+        returncode, wall, ended = execute(command, run_dir, **limits, on_progress=on_progress)
         record = read_record(run_dir)
         ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
         reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, timeout)
-    if ok and test:
-        command = fit_command(run, task_config, experiment, fit_args, vary_data_order=False, subcommand="test")
-        returncode, tested_wall, ended = execute(command, run_dir, **settings, log_name="test.log")
+    if ok and settings.test:
+        command = fit_command(run, config, experiment, fit_args, vary_data_order=False, subcommand="test")
+        returncode, tested_wall, ended = execute(command, run_dir, **limits, log_name="test.log")
         wall += tested_wall
         ok = returncode == 0 and is_tested(run_dir) and ended == "exited"
         reason = "" if ok else "zoo test: " + failure_reason(returncode, {}, run_dir / "test.log", ended, timeout)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ from experiments.stats import RULE, default_margin, metric_bounds, paired_differ
 from experiments.studies.common import write_csv
 from experiments.studies.mlm_plots import plot
 
-CONFIGS = Path(__file__).resolve().parent / "linformer_mlm"
+#: the study's zoo compare configs (package data of experiments.studies)
+CONFIGS = Path(str(resources.files("experiments.studies") / "linformer_mlm"))
 CURVE_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "val_ppl"]
 RUN_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "max_steps",
                "final_val_ppl", "run_dir"]  # fmt: skip

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
+#: the label of a position that is not scored (padding, unmasked MLM tokens, recall keys): cross-entropy's default
 IGNORE_INDEX = -100
 CACHE_FORMAT = 2  # bump when the stored layout or any generator changes
 log = logging.getLogger(__name__)
@@ -166,6 +167,15 @@ def load_or_build(path: Path, params: dict, build: Callable[[], Sequences]) -> S
     return data
 
 
+def split_sizes(train_size: int, val_size: int, test_size: int) -> dict[Split, int]:
+    """``{"train": train_size, "val": val_size, "test": test_size}``; ValueError naming a size below 1."""
+    sizes: dict[Split, int] = {"train": train_size, "val": val_size, "test": test_size}
+    for split, size in sizes.items():
+        if size < 1:
+            raise ValueError(f"{split}_size must be >= 1, got {size}")
+    return sizes
+
+
 def epoch_and_index(key: int | tuple[int, int]) -> tuple[int, int]:
     """``(epoch, index)`` from an :class:`EpochSampler` key, or epoch 0 for a plain index."""
     return (0, key) if isinstance(key, int) else key
@@ -231,15 +241,23 @@ class ZooDataModule(LightningDataModule):
 
     A subclass sets ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id`` in ``__init__`` (and the
     class attributes ``target`` and ``cache_name``) and implements :meth:`cache_params` (everything that
-    defines the data) and :meth:`build_split`. :meth:`make_dataset` may be overridden (MLM masking).
+    defines the data) and :meth:`build_split`. :meth:`make_dataset` (MLM masking, translation pairs) and
+    :meth:`collate` (translation batches) may be overridden.
+
+    The arguments below are the loader options of every data module: a subclass declares its own options
+    only and passes ``**loader`` on to this ``__init__``, which takes no others (a misspelt option is
+    refused). The CLI follows ``**loader`` here, so ``--data.batch_size`` and the rest are options of every
+    module.
 
     Args:
-        seed: seed of the data (generation, splits, shuffling, masking).
+        seed: seed of the data: whatever the module draws (generation, file samples, splits, subsamples,
+            masking) and, unless ``shuffle_seed`` is given, the training order.
         shuffle_seed: seed of the training order alone (None: derived from ``seed``); ``zoo compare --seeds``
             varies it, keeping the data themselves fixed.
-        batch_size: sequences per batch (per device under DDP).
+        batch_size: examples (sequences, or translation pairs) per batch, per device under DDP.
         num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
+        pad_to_max_len: pad every batch to the module's longest allowed length instead of to its longest
+            example: ``max_seq_len``, or for translation ``max_source_len`` and ``max_target_len``.
         cache_dir: where generated/tokenised splits are cached; default ``$ZOO_CACHE`` or
             ``~/.cache/attention-zoo``.
     """
@@ -285,6 +303,10 @@ class ZooDataModule(LightningDataModule):
 
     def make_dataset(self, split: Split, data: Sequences) -> Dataset:
         return SequenceDataset(data, self.target)
+
+    def collate(self) -> Callable[[list], dict[str, Tensor]]:
+        """Turns a list of :meth:`make_dataset` items into a batch dict."""
+        return PadCollate(self.pad_id, self.max_seq_len if self.pad_to_max_len else None)
 
     def cache_path(self, split: Split) -> Path:
         return cache_file(self.cache_dir, self.cache_name, split, self.cache_params())
@@ -333,7 +355,7 @@ class ZooDataModule(LightningDataModule):
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            collate_fn=PadCollate(self.pad_id, self.max_seq_len if self.pad_to_max_len else None),
+            collate_fn=self.collate(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

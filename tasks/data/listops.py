@@ -43,10 +43,11 @@ many trees; later runs load the cache in 0.2 s): the LRA-size set (96k/2k/2k, le
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
 
-from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, derive_seed
+from tasks.data.base import SPLITS, Sequences, Split, ZooDataModule, derive_seed, split_sizes
 
 VALUE_P = 0.25
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -170,12 +171,8 @@ class ListOpsDataModule(ZooDataModule):
         val_size: validation expressions (LRA: 2000).
         test_size: test expressions (LRA: 2000).
         prepend_cls: put ``<cls>`` (id 1) before each expression, for models that pool the first token.
-        seed: seed of the data (generation, shuffling).
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: sequences per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
+            ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "sequence"
@@ -192,21 +189,9 @@ class ListOpsDataModule(ZooDataModule):
         val_size: int = 2_000,
         test_size: int = 2_000,
         prepend_cls: bool = False,
-        seed: int = 0,
-        shuffle_seed: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if max_args < 2:
@@ -222,12 +207,9 @@ class ListOpsDataModule(ZooDataModule):
                 f"min_length={min_length} is unreachable: with max_depth={max_depth}, max_args={max_args} the "
                 f"longest expression has {longest} symbols"
             )
-        for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
+        self.sizes = split_sizes(train_size, val_size, test_size)
         self.min_length, self.max_length = min_length, max_length
         self.max_depth, self.max_args = max_depth, max_args
-        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.prepend_cls = prepend_cls
         self.vocab_size = len(VOCAB)
         self.max_seq_len = max_length

@@ -21,11 +21,13 @@ comparison cannot afford (see the README).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from einops import repeat
 from torch import Tensor
 
-from tasks.data.base import Sequences, Split, ZooDataModule, derive_seed
+from tasks.data.base import Sequences, Split, ZooDataModule, derive_seed, split_sizes
 
 PAD_ID = 0
 
@@ -78,12 +80,9 @@ class MajorityDataModule(ZooDataModule):
         train_size: training sequences.
         val_size: validation sequences.
         test_size: test sequences.
-        seed: seed of the data (generation, shuffling).
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: sequences per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` (all sequences already have that length).
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        batch_size: sequences per batch, per device under DDP.
+        **loader: plus the other loader options of :class:`tasks.data.base.ZooDataModule` (``seed``,
+            ``shuffle_seed``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "token"
@@ -98,21 +97,10 @@ class MajorityDataModule(ZooDataModule):
         train_size: int = 20_000,
         val_size: int = 256,
         test_size: int = 256,
-        seed: int = 0,
-        shuffle_seed: int | None = None,
         batch_size: int = 8,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(batch_size=batch_size, **loader)
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1, got {seq_len}")
         if num_symbols < 2:
@@ -122,11 +110,8 @@ class MajorityDataModule(ZooDataModule):
                 f"planted_prob must be in (1/num_symbols, 1) = ({1 / num_symbols:.4g}, 1) so the planted symbol is "
                 f"the likeliest; got {planted_prob}"
             )
-        for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
+        self.sizes = split_sizes(train_size, val_size, test_size)
         self.seq_len, self.num_symbols, self.planted_prob = seq_len, num_symbols, planted_prob
-        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.vocab_size = num_symbols + 1
         self.max_seq_len = seq_len
         self.num_classes = num_symbols + 1

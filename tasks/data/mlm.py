@@ -46,7 +46,7 @@ import os
 import sysconfig
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -166,12 +166,8 @@ class MaskedLMDataModule(ZooDataModule):
         tokenizer: ``"byte"`` (UTF-8 bytes, vocabulary 260), ``"bpe"`` or ``"wordpiece"`` (trained on train).
         tokenizer_vocab_size: vocabulary size of a trained tokenizer.
         tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
-        seed: seed of the file sample, masking and shuffling.
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: sequences per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
+            ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "token"
@@ -192,21 +188,9 @@ class MaskedLMDataModule(ZooDataModule):
         tokenizer: TokenizerKind = "byte",
         tokenizer_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
-        seed: int = 0,
-        shuffle_seed: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
         self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else default_corpus_dir()
         if not self.corpus_dir.is_dir():
             raise FileNotFoundError(f"corpus_dir {str(self.corpus_dir)!r} is not a folder")

@@ -22,13 +22,13 @@ by content.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
-from tasks.data.base import IGNORE_INDEX, Sequences, Split, ZooDataModule, derive_seed
+from tasks.data.base import IGNORE_INDEX, Sequences, Split, ZooDataModule, derive_seed, split_sizes
 
 PAD_ID = 0
 CHUNK = 4096  # examples generated at once: bounds the (chunk, vocab_size / 2) random draws
@@ -98,12 +98,8 @@ class AssociativeRecallDataModule(ZooDataModule):
         train_size: training sequences (Zoology: 100000).
         val_size: validation sequences.
         test_size: test sequences (Zoology: 3000).
-        seed: seed of the data (generation, shuffling).
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: sequences per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` (all sequences already have that length).
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
+            ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "token"
@@ -120,21 +116,9 @@ class AssociativeRecallDataModule(ZooDataModule):
         train_size: int = 100_000,
         val_size: int = 3_000,
         test_size: int = 3_000,
-        seed: int = 0,
-        shuffle_seed: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
         if num_kv_pairs < 1:
             raise ValueError(f"num_kv_pairs must be >= 1, got {num_kv_pairs}")
         if seq_len % 2 or seq_len < 4 * num_kv_pairs:
@@ -149,14 +133,11 @@ class AssociativeRecallDataModule(ZooDataModule):
             )
         if power_a <= 0:
             raise ValueError(f"power_a must be > 0, got {power_a}")
-        for name, size in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
-            if size < 1:
-                raise ValueError(f"{name} must be >= 1, got {size}")
+        self.sizes = split_sizes(train_size, val_size, test_size)
         if kv_placement not in ("start", "random"):
             raise ValueError(f"kv_placement must be 'start' or 'random', got {kv_placement!r}")
         self.seq_len, self.num_kv_pairs, self.power_a = seq_len, num_kv_pairs, power_a
         self.kv_placement = kv_placement
-        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.vocab_size = vocab_size
         self.max_seq_len = seq_len
         self.num_classes = vocab_size

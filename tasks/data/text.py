@@ -262,12 +262,8 @@ class TextClassificationDataModule(ZooDataModule):
             not valid in it are an error naming the file and line.
         empty_text: a row whose text is missing, JSON ``null`` or empty: ``"error"`` (default: raise,
             naming the file and line) or ``"skip"`` (drop it; a warning counts and places the skipped rows).
-        seed: seed of the carving, subsampling and shuffling.
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: sequences per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad every batch to ``max_seq_len`` instead of to its longest sequence.
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
+            ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "sequence"
@@ -299,21 +295,9 @@ class TextClassificationDataModule(ZooDataModule):
         prepend_cls: bool = False,
         encoding: str = "utf-8",
         empty_text: EmptyText = "error",
-        seed: int = 0,
-        shuffle_seed: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
         given = {"data_dir": data_dir, "train_file": train_file, "hf_dataset": hf_dataset}
         if sum(v is not None for v in given.values()) != 1:
             raise ValueError(f"give exactly one source of data: data_dir, train_file or hf_dataset; got {given}")

@@ -42,16 +42,15 @@ import hashlib
 import json
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from tasks.data.base import (
     IGNORE_INDEX,
     SPLITS,
-    EpochSampler,
     Sequences,
     Split,
     ZooDataModule,
@@ -120,6 +119,7 @@ class TranslationDataModule(ZooDataModule):
 
     ``vocab_size`` is ``bpe_vocab_size`` (every id is below it; a small corpus may train fewer tokens),
     ``max_seq_len`` the larger of ``max_source_len`` and ``max_target_len``, ``num_classes`` the vocabulary.
+    ``seed`` draws the synthetic pairs and the training order, not the split (which is by source hash).
 
     Args:
         source: where the pairs come from: ``"gettext"`` (installed catalogs), ``"files"``, ``"hf"``, ``"synthetic"``.
@@ -147,12 +147,8 @@ class TranslationDataModule(ZooDataModule):
         max_target_len: maximum target tokens plus one (the BOS of ``target_in`` / EOS of ``target_out``).
         overlong: a longer pair is an ``"error"`` (default: raise, saying how many and the longest) or is
             dropped (``"drop"``: counted per split in ``corpus_summary()``).
-        seed: seed of the synthetic pairs and of shuffling (not of the split, which is by source hash).
-        shuffle_seed: seed of the training order alone (None: from ``seed``); ``zoo compare --seeds`` varies it.
-        batch_size: pairs per batch (per device under DDP).
-        num_workers: DataLoader worker processes; 0 loads in the main process.
-        pad_to_max_len: pad sources to ``max_source_len`` and targets to ``max_target_len``.
-        cache_dir: cache folder; default ``$ZOO_CACHE`` or ``~/.cache/attention-zoo``.
+        **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
+            ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
 
     target = "translation"
@@ -182,21 +178,9 @@ class TranslationDataModule(ZooDataModule):
         max_source_len: int = 256,
         max_target_len: int = 256,
         overlong: Overlong = "error",
-        seed: int = 0,
-        shuffle_seed: int | None = None,
-        batch_size: int = 32,
-        num_workers: int = 0,
-        pad_to_max_len: bool = False,
-        cache_dir: str | None = None,
-    ):
-        super().__init__(
-            seed=seed,
-            shuffle_seed=shuffle_seed,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            pad_to_max_len=pad_to_max_len,
-            cache_dir=cache_dir,
-        )
+        **loader: Any,
+    ) -> None:
+        super().__init__(**loader)
         if overlong not in ("error", "drop"):
             raise ValueError(f"overlong must be 'error' or 'drop'; got {overlong!r}")
         minimum_vocab = len(TRANSLATION_SPECIAL_TOKENS) + 256
@@ -219,7 +203,7 @@ class TranslationDataModule(ZooDataModule):
             hf_data_files=hf_data_files,
             synthetic_pairs=synthetic_pairs,
             synthetic_words=synthetic_words,
-            seed=seed,
+            seed=self.seed,
             fractions={"val": val_fraction, "test": test_fraction},
             train_size=train_size,
         )
@@ -335,24 +319,9 @@ class TranslationDataModule(ZooDataModule):
         head |= {"pairs": pairs | {"total": sum(pairs.values())}, "content_hash": digest.hexdigest()}
         return head | summary | {"bpe_vocab_size": self.tokenizer.vocab_size}
 
-    def _loader(self, split: Split) -> DataLoader:
-        dataset = PairDataset(self.load_split(split))
-        num_replicas, rank = self._replicas()
-        train = split == "train"
-        sampler = EpochSampler(
-            dataset,
-            shuffle=train,
-            seed=self.order_seed(),
-            num_replicas=num_replicas,
-            rank=rank,
-            redraw_per_epoch=train,
-        )
+    def make_dataset(self, split: Split, data: Sequences) -> Dataset:
+        return PairDataset(data)
+
+    def collate(self) -> PairCollate:
         pad_to = (self.max_source_len, self.max_target_len) if self.pad_to_max_len else (None, None)
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            collate_fn=PairCollate(*pad_to),
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return PairCollate(*pad_to)

@@ -31,21 +31,9 @@ from experiments.bench.store import ResultStore, case_of
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:
-    fields = dict(
-        attention=attention,
-        options=options or {},
-        level="core",
-        mode="fwd+bwd",
-        dtype="float32",
-        device="cpu",
-        seq_len=n,
-        batch=1,
-        heads=2,
-        dim_head=8,
-        threads=1,
-        causal=False,
-    )
-    return Case(**(fields | changes))
+    """The targets' protocol case (float32 fwd+bwd on the CPU, batch 1), at 2 heads of 8 dimensions, one thread."""
+    case = targets.protocol_case(attention, options or {}, n, threads=1)
+    return dataclasses.replace(case, **({"heads": 2, "dim_head": 8} | changes))
 
 
 def row_of(case: Case, **result) -> dict:

@@ -20,6 +20,7 @@ import attention_zoo as az
 from experiments.compare import command as compare
 from experiments.compare.runs import failure_reason
 from experiments.compare.tensorboard_layout import read_layout
+from tasks.data import recall
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,8 +126,9 @@ def test_failure_reason_prefers_the_run_record_then_the_cli_error_then_the_excep
     assert "rerun the same zoo compare command" in failure_reason(-2, {}, log, "interrupted", None)
 
 
-def test_default_config_parses_and_builds_every_mechanism_it_names():
-    config = compare.build_parser().parse_args(["--config", str(compare.DEFAULT_CONFIG)])
+@pytest.mark.parametrize("name", ["compare.yaml", "compare_variants.yaml"])
+def test_default_config_parses_and_builds_every_mechanism_it_names(name):
+    config = compare.build_parser().parse_args(["--config", str(compare.CONFIGS / name)])
     assert Path(config.task_config.absolute).is_file() and config.experiment and config.threads >= 1
     assert config.seeds >= 3  # a 95% interval needs at least 3 seeds to be worth printing
     entries = compare.plan(config.attentions, config.options)
@@ -134,12 +136,48 @@ def test_default_config_parses_and_builds_every_mechanism_it_names():
     assert problems == [] and shuffle
 
 
+def test_the_default_budgets_are_below_the_demand_of_its_task():
+    """The default compares mechanisms at budgets below what MQAR asks (configs/compare.yaml): fewer low-rank or
+    kernel slots than key-value pairs, at most half the keys per query for the sparse family, a local window that
+    most query-value distances exceed, and every mechanism engaged (no budget that is full attention)."""
+    config = compare.build_parser().parse_args(["--config", str(compare.DEFAULT_CONFIG)])
+    task = yaml.safe_load(Path(config.task_config.absolute).read_text())
+    data, model = task["data"]["init_args"], task["model"]["init_args"]
+    n, pairs = data["seq_len"], data["num_kv_pairs"]
+    options = config.options
+    assert data["kv_placement"] == "random" and model["short_convolution"] >= 1
+    assert options["linformer"]["k"] < pairs and options["nystrom"]["num_landmarks"] < pairs
+    assert options["performer"]["nb_features"] < pairs
+    bigbird = options["bigbird"]
+    bigbird_keys = bigbird["block_size"] * (bigbird["window_blocks"] + bigbird["random_blocks"] + 2)
+    moba_keys = options["moba"]["block_size"] * options["moba"]["top_k"]
+    lsh_keys = options["lsh"]["n_hashes"] * 2 * options["lsh"]["bucket_size"]  # its chunk and the one before
+    assert max(options["local"]["window"] + 1, bigbird_keys, moba_keys, lsh_keys) <= n // 2 + 1
+    # the query-to-value distances of the generated data: most exceed the local window's reach (w/2)
+    inputs, labels = recall.generate_mqar(
+        256, seq_len=n, num_kv_pairs=pairs, vocab_size=data["vocab_size"], power_a=data["power_a"], seed=0,
+        kv_placement="random",
+    )  # fmt: skip
+    distances = []
+    for tokens, targets in zip(inputs.tolist(), labels.tolist(), strict=True):
+        for q, value in enumerate(targets):
+            if value != -100:  # the pair is the key (the query's token) right before its value, earlier
+                pair = max(i for i in range(q - 1) if tokens[i] == tokens[q] and tokens[i + 1] == value)
+                distances.append(q - (pair + 1))
+    reach = options["local"]["window"] // 2
+    assert sum(d > reach for d in distances) / len(distances) > 0.5
+
+
 def test_check_entries_lists_every_bad_entry_before_anything_runs():
     entries = compare.plan("full,linformer:k=abc,local:window=7", {})
     problems, _ = compare.check_entries(entries, str(ROOT / "configs" / "recall.yaml"), ["--data.seq_len=64"])
-    assert len(problems) == 2
-    assert problems[0].startswith("linformer: ") and "k='abc'" in problems[0]
-    assert problems[1].startswith("local: ") and "window must be an even int" in problems[1]
+    assert [label for label, _ in problems] == ["linformer", "local"]
+    assert "k='abc'" in problems[0][1] and "window must be an even int" in problems[1][1]
+    listed = compare.entry_problems(problems, 3)
+    assert listed.startswith("2 of 3 entries cannot be built, nothing was run:\n  linformer: ")
+    same = [("full", "--seed_everything -3: ..."), ("local", "--seed_everything -3: ...")]
+    one_line = compare.entry_problems(same, 2)  # every entry fails the same way: a bad fit argument, named once
+    assert one_line == "2 of 2 entries cannot be built, nothing was run (full, local): --seed_everything -3: ..."
 
 
 @pytest.mark.slow
@@ -308,8 +346,7 @@ def test_summaries_name_the_task_config_relative_to_the_working_directory(tmp_pa
     ],
 )
 def test_bad_settings_stop_the_comparison_before_anything_runs(tmp_path, capsys, args, expected):
-    with pytest.raises(SystemExit) as stopped:
-        compare.main([*args, "--runs_dir", str(tmp_path / "runs")])
-    assert stopped.value.code == 2
-    assert expected in capsys.readouterr().err.strip().splitlines()[-1]
+    assert compare.main([*args, "--runs_dir", str(tmp_path / "runs")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("zoo compare: error: ") and expected in line
     assert not (tmp_path / "runs").exists()

@@ -23,6 +23,7 @@ from jsonargparse import Namespace
 import attention_zoo as az
 from experiments.bench import command as bench
 from experiments.bench.cases import AttentionSpec, BenchConfig, invalid_entries, load_config
+from experiments.compare import command as compare
 from tasks.base import ConfigError, read_checkpoint
 from tasks.cli import check_training_length
 from tasks.data.base import DataError
@@ -639,7 +640,7 @@ def test_compare_refuses_every_bad_entry_before_anything_runs(tmp_path):
     runs = tmp_path / "runs"
     result = zoo(compare_args(runs, "full,linformer:k=abc,local:window=7", "bad"), tmp_path / "cache")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "these entries cannot be built, nothing was run" in result.stderr
+    assert "zoo compare: error: 2 of 3 entries cannot be built, nothing was run:\n" in result.stderr
     lines = [line.strip() for line in result.stderr.splitlines()]
     (linformer,) = [line for line in lines if line.startswith("linformer: ")]
     (local,) = [line for line in lines if line.startswith("local: ")]
@@ -654,3 +655,141 @@ def test_compare_experiment_must_be_a_plain_folder_name(name, tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert f"--experiment {name!r} must be a plain folder name" in result.stderr and "--runs_dir" in result.stderr
     assert not runs.exists() and not (tmp_path / "x").exists()  # nothing written, inside runs/ or outside it
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--", "--seed_everything", "-3"], "2 of 2 entries cannot be built, nothing was run (full, local): "
+         "--seed_everything -3: a seed must be an int in [0, 4294967295] (or true for a random one)"),
+        (["--", "--model.dimm", "8"], "2 of 2 entries cannot be built, nothing was run (full, local): --model.dimm: "
+         "TokenPrediction has no option 'dimm'; did you mean --model.dim? (--verbose or ZOO_VERBOSE=1: the parser's "
+         "full message)"),
+        (["--seeds", "abc"], "--seeds abc: expected int (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
+        (["--seed", "-1"], "--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got -1"),
+        (["--task_config", "/nowhere/missing.yaml"], "--task_config: Not of type Path_fr: File does not exist: "
+         "'/nowhere/missing.yaml' (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
+        (["--bench", "."], "--bench: . has no results.jsonl: not a zoo bench --out folder"),
+    ],
+    ids=["negative-seed-everything", "fit-key", "type", "negative-seed", "missing-task-config", "bench-folder"],
+)  # fmt: skip
+def test_compare_refusals_are_one_line_before_anything_runs(args, expected, tmp_path, capsys, monkeypatch):
+    """Through ``--`` to every ``zoo fit`` (each entry built as its run's config, one line for the entries that
+    fail the same way) or in its own flags: one line, as ``zoo fit`` gives it, and nothing written."""
+    monkeypatch.chdir(tmp_path)
+    own = ["--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full,local:window=8"]
+    own += ["--timeout", "1"]  # should a refusal come too late, the runs it lets start stop at once
+    assert compare.main([*own, "--runs_dir", str(tmp_path / "runs"), *args]) == 2
+    assert capsys.readouterr().err == f"zoo compare: error: {expected}\n"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_compare_verbose_prints_the_parsers_full_message_first(tmp_path, capsys):
+    own = ["--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full"]
+    assert compare.main([*own, "--runs_dir", str(tmp_path / "runs"), "--verbose", "--", "--model.dim", "abc"]) == 2
+    error = capsys.readouterr().err
+    assert error.endswith("zoo compare: error: 1 of 1 entry cannot be built, nothing was run (full): --model.dim abc: "
+                          "expected int\n")  # fmt: skip
+    assert error.startswith("full: ") and 'Parser key "model' in error
+    assert not (tmp_path / "runs").exists()
+
+
+# --- zoo report ---------------------------------------------------------------------------------------
+
+
+def report_records(root: Path) -> tuple[Path, Path]:
+    """A compare experiment (runs.csv of full and local, 2 seeds) and a bench folder (results.jsonl) that
+    ``zoo report`` reads."""
+    experiment, bench = root / "experiment", root / "bench"
+    experiment.mkdir()
+    bench.mkdir()
+    header = "mechanism,attention,options,options_from,seed,status,val_acc,tokens_per_s,train_mem_mb,reason,run_dir"
+    runs = [f"{name},{name},{{}},defaults,{seed},ok,{acc},{speed},10.0,,runs/x/{name}/seed-{seed}"
+            for name, speed, accs in [("full", 100.0, (0.9, 0.8)), ("local", 150.0, (0.85, 0.7))]
+            for seed, acc in enumerate(accs)]  # fmt: skip
+    (experiment / "runs.csv").write_text("\n".join([header, *runs]) + "\n")
+    timing = {"kind": "time", "status": "ok", "mode": "fwd+bwd", "dtype": "float32", "level": "core", "causal": False,
+              "options": {}, "seq_len": 1024}  # fmt: skip
+    rows = [timing | {"attention": name, "time_ms_median": ms} for name, ms in [("full", 10.0), ("local", 5.0)]]
+    (bench / "results.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return experiment, bench
+
+
+def replace(old: str | bytes, new: str | bytes):
+    """A damage: the first ``old`` in the file becomes ``new``."""
+
+    def damage(path: Path) -> None:
+        data = path.read_text() if isinstance(old, str) else path.read_bytes()
+        assert old in data
+        changed = data.replace(old, new, 1)
+        path.write_text(changed) if isinstance(changed, str) else path.write_bytes(changed)
+
+    return damage
+
+
+def columns(change):
+    """A damage of runs.csv: each line's fields (the header's first) through ``change(number, fields)``."""
+    return lambda p: p.write_text("".join(",".join(change(i, ln.split(","))) + "\n" for i, ln in
+                                          enumerate(p.read_text().splitlines())))  # fmt: skip
+
+
+#: fault -> (file, damage, what the error line says after the file's path)
+REPORT_FAULTS = {
+    "truncated-csv": ("runs.csv", lambda p: p.write_text(p.read_text()[:-40]),
+                      " line 5: 5 fields, the header has 11: a truncated or corrupt file"),
+    "binary-csv": ("runs.csv", lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256))),
+                   ": not UTF-8 text (byte 0): a binary or corrupt file, not a zoo compare experiment"),
+    "nul-csv": ("runs.csv", replace(b"defaults", b"default\x00"), ": a NUL character: a binary or corrupt file"),
+    "empty-csv": ("runs.csv", lambda p: p.write_text(""), ": empty: not a zoo compare experiment"),
+    "missing-column": ("runs.csv", columns(lambda i, fields: fields[:5] + fields[6:]),
+                       ": not a zoo compare runs.csv: missing column(s) 'status' (zoo report reads mechanism, "),
+    "unexpected-column": ("runs.csv", columns(lambda i, fields: [*fields, "gpu" if i == 0 else "h100"]),
+                          ": not a zoo compare runs.csv: unexpected column(s) 'gpu' (zoo compare writes mechanism, "),
+    "not-a-number": ("runs.csv", replace(",0.85,", ",high,"), " line 4: val_acc 'high' is not a number"),
+    "options": ("runs.csv", replace("local,local,{}", "local,local,w=8"),
+                " line 4: options 'w=8' is not a JSON object {...}"),
+    "status": ("runs.csv", replace(",ok,", ",done,"),
+               " line 2: status 'done'; a run's status is one of ok, failed, interrupted, not run"),
+    "no-speed": ("runs.csv", replace(",100.0,", ",,"),
+                 " line 2: a finished run (status ok) with tokens_per_s None; it must be a number > 0"),
+    "truncated-jsonl": ("results.jsonl", lambda p: p.write_text(p.read_text()[:-30]),
+                        " line 2: not JSON (Unterminated string starting at): a truncated or corrupt file"),
+    "binary-jsonl": ("results.jsonl", lambda p: p.write_bytes(b"\xff" + random.Random(0).randbytes(300)),
+                     ": not UTF-8 text (byte 0): a binary or corrupt file, not a zoo bench --out folder"),
+    "not-an-object": ("results.jsonl", lambda p: p.write_text(p.read_text() + "[1, 2]\n"),
+                      " line 3: expected a JSON object {...}, got list"),
+    "missing-field": ("results.jsonl", replace(', "time_ms_median": 5.0', ""),
+                      " line 2: a timing (kind time, status ok) without 'time_ms_median'"),
+    "zero-time": ("results.jsonl", replace('"time_ms_median": 5.0', '"time_ms_median": 0'),
+                  " line 2: time_ms_median 0 is not a number > 0"),
+    "length": ("results.jsonl", replace('"seq_len": 1024', '"seq_len": "1k"'),
+               " line 1: seq_len '1k' is not an int >= 1"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", REPORT_FAULTS)
+def test_report_records_of_another_shape_or_corrupt_are_one_line_naming_the_file(fault, tmp_path, capsys):
+    from experiments.compare.report import main as report
+
+    experiment, bench = report_records(tmp_path)
+    assert report(["--compare", str(experiment), "--bench", str(bench)]) == 0  # the records as they come are read
+    for written in ("report.md", "pareto.png"):
+        (experiment / written).unlink()
+    capsys.readouterr()
+    name, damage, expected = REPORT_FAULTS[fault]
+    path = (experiment if name == "runs.csv" else bench) / name
+    damage(path)
+    assert report(["--compare", str(experiment), "--bench", str(bench)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"zoo report: error: {path}{expected}") and error.count("\n") == 1, error
+    assert sorted(p.name for p in experiment.iterdir()) == ["runs.csv"]  # nothing written
+
+
+def test_report_on_a_corrupt_record_is_one_line_from_the_command_line(tmp_path):
+    experiment, bench = report_records(tmp_path)
+    (bench / "results.jsonl").write_text('{"kind": "time", "status": "ok", "mode": "fw')
+    result = zoo(["report", "--compare", str(experiment), "--bench", str(bench)], tmp_path / "cache")
+    line = one_line_error(result, "report")
+    assert line == (f"zoo report: error: {bench / 'results.jsonl'} line 1: not JSON (Unterminated string starting at): "
+                    "a truncated or corrupt file")  # fmt: skip
+    assert len(result.stderr.splitlines()) == 1 and sorted(p.name for p in experiment.iterdir()) == ["runs.csv"]

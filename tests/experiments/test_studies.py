@@ -24,12 +24,8 @@ N = 32  # tiny sequence length of every fixture
 
 
 @pytest.fixture(autouse=True)
-def one_thread_and_private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def no_global_state_left(one_thread_and_private_cache):
     yield
-    torch.set_num_threads(threads)
     assert torch.is_grad_enabled()  # the studies leave no global state behind for the tests that follow
 
 

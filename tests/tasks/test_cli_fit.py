@@ -22,7 +22,7 @@ from experiments import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-TASK_CONFIGS = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "compare.yaml")
+TASK_CONFIGS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("compare"))
 
 #: small data for each task config (each generated or read in well under a second)
 TINY_DATA = {
@@ -44,13 +44,7 @@ SECOND = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread_and_private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_and_private_cache")
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from jsonargparse import ArgumentParser
 
 from tasks.data import base
 from tasks.data import text as text_module
 from tasks.data.base import IGNORE_INDEX, DataError, default_cache_dir, derive_seed, load_or_build
 from tasks.data.listops import OPERATORS, VOCAB, ListOpsDataModule, generate_listops, to_string
+from tasks.data.majority import MajorityDataModule
 from tasks.data.mlm import MaskedLMDataModule, split_stream
 from tasks.data.recall import AssociativeRecallDataModule
 from tasks.data.text import TextClassificationDataModule
 from tasks.data.tokenize import CLS_ID, MASK_ID, SPECIAL_TOKENS
+from tasks.data.translation import TranslationDataModule
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 ACLIMDB = FIXTURES / "aclimdb_tiny"
@@ -672,3 +675,44 @@ def test_lightning_sets_the_epoch_of_the_sampler(tmp_path):
     assert len(train) == len(val) == 2
     assert not torch.equal(train[0], train[1])  # shuffling and masks of epoch 1 differ from epoch 0
     assert torch.equal(val[0], val[1])  # evaluation sees the same masked inputs every epoch
+
+
+# ---- the loader options every module shares ----------------------------------------------------------------
+LOADER_OPTIONS = {"seed", "shuffle_seed", "batch_size", "num_workers", "pad_to_max_len", "cache_dir"}
+MODULES = [
+    ListOpsDataModule,
+    AssociativeRecallDataModule,
+    MajorityDataModule,
+    MaskedLMDataModule,
+    TextClassificationDataModule,
+    TranslationDataModule,
+]
+
+
+def cli_defaults(module: type) -> dict:
+    """The options of ``--data <module>`` with their defaults, as the CLI (jsonargparse) reads them."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(module, "data")
+    return dict(parser.get_defaults().data.items())
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda cls: cls.__name__)
+def test_every_module_takes_the_loader_options_of_the_base_and_refuses_a_misspelt_one(module):
+    defaults = cli_defaults(module)
+    assert set(defaults) >= LOADER_OPTIONS
+    assert defaults["batch_size"] == (8 if module is MajorityDataModule else 32)
+    with pytest.raises(TypeError, match="'batchsize'"):
+        module(batchsize=4)
+
+
+def test_loader_options_reach_the_base(tmp_path):
+    majority = MajorityDataModule(seq_len=8, seed=3, shuffle_seed=5, batch_size=2, cache_dir=str(tmp_path))
+    assert (majority.seed, majority.shuffle_seed, majority.batch_size, majority.cache_dir) == (3, 5, 2, tmp_path)
+    assert MajorityDataModule(seq_len=8, cache_dir=str(tmp_path)).batch_size == 8
+
+
+@pytest.mark.parametrize("size", ["train_size", "val_size", "test_size"])
+@pytest.mark.parametrize("module", [ListOpsDataModule, AssociativeRecallDataModule, MajorityDataModule])
+def test_generated_splits_need_at_least_one_example(module, size, tmp_path):
+    with pytest.raises(ValueError, match=f"^{size} must be >= 1, got 0$"):
+        module(**{size: 0}, cache_dir=str(tmp_path))

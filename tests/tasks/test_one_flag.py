@@ -18,7 +18,7 @@ import attention_zoo as az
 from tasks.cli import build
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if p.name != "compare.yaml")
+CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.startswith("compare"))
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,9 @@ from torchmetrics.text import Perplexity
 from attention_zoo.seq2seq import causal_cores
 from experiments import cli
 from tasks.base import ConfigError
+from tasks.classification import SequenceClassification
+from tasks.cli import LINKED, build, linked_sizes
+from tasks.token_prediction import TokenPrediction
 from tasks.translation import TranslationTask
 from tasks.translation_metrics import copy_baseline, corpus_scores
 
@@ -29,13 +32,7 @@ TINY_DATA = [
 ]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread_and_private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_and_private_cache")
 
 
 def tiny_args(runs: Path) -> list[str]:
@@ -89,7 +86,9 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
     assert tested["val/bleu"] == metrics["val/bleu"]  # the fit's metrics stay
     # a checkpoint *file* (what zoo compare --test passes): LightningCLI feeds its saved hyperparameters back to
     # __init__, so sizes linked for other tasks (num_classes, max_seq_len) must not be among them
-    assert cli.main(["test", *args, "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")]) == 0
+    checkpoint = run_dir / "checkpoints" / "last.ckpt"
+    assert not {"num_classes", "max_seq_len"} & set(torch.load(checkpoint, weights_only=True)["hyper_parameters"])
+    assert cli.main(["test", *args, "--ckpt_path", str(checkpoint)]) == 0
 
     if attention == "full":
         events = EventAccumulator(str(run_dir))
@@ -106,6 +105,17 @@ def test_non_causal_decoder_attention_fails_before_training(tmp_path, capsys):
     assert "zoo fit: error:" in error and "decoder_attention 'linformer' is not causal" in error
     assert all(name in error for name in causal_cores())
     assert not any(runs.rglob("*.ckpt")) and not any(runs.rglob("events.*"))
+
+
+def test_a_task_is_linked_only_the_sizes_its_init_takes(tmp_path):
+    """LightningCLI saves every size linked into the model as a hyperparameter, and ``--ckpt_path FILE`` passes
+    them back to ``__init__``: a size the task does not take must not be linked into it."""
+    encoder_sizes = ("vocab_size", "max_seq_len", "num_classes")
+    assert linked_sizes(TokenPrediction) == linked_sizes(SequenceClassification) == encoder_sizes
+    assert linked_sizes(TranslationTask) == ("vocab_size", "max_source_len", "max_target_len")
+    model, _ = build(tiny_args(tmp_path / "runs"))
+    linked = {name: value for name, value in model.hparams.items() if name in LINKED}
+    assert linked == {"vocab_size": 1000, "max_source_len": 16, "max_target_len": 20}
 
 
 def test_task_without_translation_sizes_says_which_data_it_needs():
