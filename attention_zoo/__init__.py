@@ -7,7 +7,7 @@
 """
 
 from attention_zoo import mechanisms  # noqa: F401  (registers every built-in mechanism)
-from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError
+from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError, Geometry
 from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
 from attention_zoo.mha import MultiHeadAttention
@@ -25,6 +25,7 @@ __all__ = [
     "AttentionCore",
     "BuildContext",
     "DoubleBackwardError",
+    "Geometry",
     "MultiHeadAttention",
     "Seq2SeqTransformer",
     "TransformerDecoder",

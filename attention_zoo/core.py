@@ -16,10 +16,18 @@ state (a key/value cache, a rolling window, a recurrent summary); any other caus
 recomputing the causal forward over the prefix at every step (O(prefix) work per step, correct but slow;
 ``zoo list`` shows which).
 
-Subclasses declare what they can do as class attributes, take their options as typed keyword-only
-``__init__`` parameters (the registry validates names, ``Literal`` choices and types from them), and
-implement :meth:`AttentionCore.attend`. :meth:`AttentionCore.forward` validates every call first,
-so a core only ever sees well-formed input.
+Writing a core: subclass :class:`AttentionCore`, declare what it can do as class attributes, and implement
+:meth:`AttentionCore.attend`. Its ``__init__`` takes the :class:`Geometry` every core is built for (head width and
+count, ``max_seq_len``, place in a model: the registry makes it from :func:`~attention_zoo.create_attention`'s
+keywords of those names) as its one positional argument, and after it only the core's own options, each typed and
+keyword-only with a documented default (the registry validates names, ``Literal`` choices and types from them,
+and ``zoo list`` shows them)::
+
+    def __init__(self, geometry: Geometry, *, window: int = 256, impl: Literal["auto", "dense"] = "auto") -> None:
+        super().__init__(geometry)  # validates it; sets dim_head, heads, max_seq_len, context and scale
+
+A core with no options of its own needs no ``__init__``. :meth:`AttentionCore.forward` validates every call
+first, so a core only ever sees well-formed input.
 """
 
 from __future__ import annotations
@@ -49,6 +57,19 @@ class BuildContext:
     layer_index: int = 0
     num_layers: int = 1
     shared: nn.ModuleDict = field(default_factory=nn.ModuleDict)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a core is built for, apart from its own options: ``heads`` heads of width ``dim_head``, sequences of at
+    most ``max_seq_len`` (None: no bound; a core with ``requires_max_seq_len`` refuses it), and its place in a model
+    (``context``; None: a lone core). :func:`~attention_zoo.create_attention` makes it from its keywords of these
+    names and passes it as the core's one positional argument; :class:`AttentionCore` validates it."""
+
+    dim_head: int
+    heads: int
+    max_seq_len: int | None = None
+    context: BuildContext | None = None
 
 
 class DecodingState:
@@ -126,16 +147,12 @@ class AttentionCore(nn.Module):
     #: without it, a backward with create_graph=True through the core raises :class:`DoubleBackwardError`
     supports_double_backward: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-    ) -> None:
+    def __init__(self, geometry: Geometry) -> None:
         super().__init__()
         name = self.name or type(self).__name__
+        if not isinstance(geometry, Geometry):
+            raise TypeError(f"attention {name!r}: the first argument must be a Geometry, got {geometry!r}")
+        dim_head, heads, max_seq_len = geometry.dim_head, geometry.heads, geometry.max_seq_len
         for arg, value in (("dim_head", dim_head), ("heads", heads), ("max_seq_len", max_seq_len)):
             optional = arg == "max_seq_len" and value is None
             if not optional and (not isinstance(value, int) or isinstance(value, bool)):
@@ -150,7 +167,7 @@ class AttentionCore(nn.Module):
         self.dim_head = dim_head
         self.heads = heads
         self.max_seq_len = max_seq_len
-        self.context = context if context is not None else BuildContext()
+        self.context = geometry.context if geometry.context is not None else BuildContext()
         self.scale = dim_head**-0.5
         #: options whose size a sequence length bounds (see :meth:`bound_by_length`)
         self._length_bounds: dict[str, tuple[int, int, int, int]] = {}

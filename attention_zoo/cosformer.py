@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, BuildContext
+from attention_zoo.core import Approximation
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
@@ -62,20 +62,6 @@ class CosFormerAttention(KernelAttention):
         "ReLU kernel times cos(pi/2 (i-j)/M) with M = max_seq_len (not the call's length, so causal outputs and "
         "decoding do not depend on the total length); causal by exact chunked prefix sums"
     )
-
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        chunk_size: int = 64,
-    ) -> None:
-        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk)."""
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, chunk_size=chunk_size
-        )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         if not causal and q.shape[-2] > self.max_seq_len:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState, refuse_double_backward
+from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry, refuse_double_backward
 from attention_zoo.decoding_cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
@@ -58,18 +58,9 @@ class FullAttention(AttentionCore):
     supports_double_backward: ClassVar[bool] = True
     example_configs = ({"backend": "math"}, {"backend": "sdpa"})
 
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        backend: Backend = "auto",
-        dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, geometry: Geometry, *, backend: Backend = "auto", dropout: float = 0.0) -> None:
         """``dropout`` applies to the attention probabilities P in training mode (0 = off)."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        super().__init__(geometry)
         if backend == "xformers" and not xformers_available():
             raise ValueError(
                 "backend='xformers' needs the xformers package (pip install 'attention-zoo[xformers]', "

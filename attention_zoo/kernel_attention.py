@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from einops import rearrange, reduce
 from torch import Tensor
 
-from attention_zoo.core import AttentionCore, BuildContext, DecodingState, zero_padded
+from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.decoding_cache import builds_graph
 from attention_zoo.precision import full_precision
 
@@ -83,16 +83,10 @@ class KernelAttention(AttentionCore):
     #: :meth:`features` returns log phi(K) for keys (exponentiated here, relative to a running maximum)
     log_key_features: bool = False
 
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        chunk_size: int,
-    ) -> None:
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+    def __init__(self, geometry: Geometry, *, chunk_size: int = 64) -> None:
+        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk); the only option of a
+        subclass without an ``__init__`` of its own."""
+        super().__init__(geometry)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.chunk_size = chunk_size

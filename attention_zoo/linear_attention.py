@@ -28,7 +28,7 @@ from typing import ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.core import Approximation, BuildContext
+from attention_zoo.core import Approximation
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
@@ -41,20 +41,6 @@ class LinearAttention(KernelAttention):
         "kernel elu(x)+1 instead of softmax (not an approximation of it); causal by exact chunked prefix sums; "
         "decoding keeps a d x (d+1) state per head (RNN form)"
     )
-
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        chunk_size: int = 64,
-    ) -> None:
-        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk)."""
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, chunk_size=chunk_size
-        )
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
         return F.elu(x) + 1.0

@@ -11,7 +11,7 @@ the already projected heads (q, k, v of :class:`~attention_zoo.core.AttentionCor
 Options (section 4, "Additional Efficiency Techniques"):
 - ``sharing``: ``none`` one E_i, F_i per head and layer (eq. 7 as written); ``headwise`` one E, F per
   layer; ``kv`` one E = F per layer; ``layerwise`` one E = F for the whole model (the same parameter,
-  kept in the model's ``BuildContext.shared``). A 12-layer, 12-head model then has 288 / 24 / 12 / 1
+  kept in the model's ``Geometry.shared``). A 12-layer, 12-head model then has 288 / 24 / 12 / 1
   distinct k x n matrices. Default ``headwise``, as in the authors' fairseq code (one ``compress_k``
   and one ``compress_v`` per layer for all heads). For the parameter-free pooling projections sharing
   changes nothing; for ``random`` it decides which fixed matrices are distinct draws.
@@ -44,7 +44,7 @@ from typing import ClassVar
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, BuildContext
+from attention_zoo.core import Approximation, AttentionCore, Geometry
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import sdpa
 from attention_zoo.registry import register_attention
@@ -83,11 +83,8 @@ class LinformerAttention(AttentionCore):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         k: int | list[int] | None = None,
         sharing: Sharing = "headwise",
         projection: Projection = "linear",
@@ -95,9 +92,9 @@ class LinformerAttention(AttentionCore):
         """``k``: projected length (one per layer if a list); None = ``min(256, max_seq_len)``, the paper's
         k = 256 (Fig. 3, Table 2) capped by the length, since k >= n cannot compress; an explicit k larger
         than max_seq_len is an error. ``sharing``, ``projection``: see module doc."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        super().__init__(geometry)
         if k is None:
-            k = default_k(max_seq_len)
+            k = default_k(self.max_seq_len)
         layers = self.context.num_layers
         if isinstance(k, list):
             if len(k) != layers:
@@ -108,10 +105,10 @@ class LinformerAttention(AttentionCore):
                     "per-layer k works with sharing='none', 'headwise' or 'kv'"
                 )
             k = k[self.context.layer_index]
-        check_projected_length(projection, k, max_seq_len, "k", "max_seq_len")
+        check_projected_length(projection, k, self.max_seq_len, "k", "max_seq_len")
         self.k, self.sharing, self.projection = k, sharing, projection
         self.key_projection, self.value_projection = build_projections(
-            projection, sharing, k, max_seq_len, heads, self.context, shared_key="linformer_E"
+            projection, sharing, k, self.max_seq_len, self.heads, self.context, shared_key="linformer_E"
         )
 
     @classmethod

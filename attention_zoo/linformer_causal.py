@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding_cache import appended, attend_to_cache, builds_graph
 from attention_zoo.linformer_projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import causal_allowed, sdpa
@@ -86,11 +86,8 @@ class CausalLinformerAttention(AttentionCore):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         block_size: int = 256,
         block_k: int = 32,
         sharing: Sharing = "headwise",
@@ -99,12 +96,12 @@ class CausalLinformerAttention(AttentionCore):
         """``block_size`` c: positions per block; ``block_k`` k_c: summaries per block (1 <= k_c <= c).
         Defaults c = 256, k_c = 32 (ours: the report gives no block form; 32 is its smallest k, and c = 256
         keeps the exact part at the paper's default k)."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        super().__init__(geometry)
         check_projected_length(projection, block_k, block_size, "block_k", "block_size")
         self.bound_by_length("block_size", block_size)  # before E and F (k_c x c) are allocated
         self.block_size, self.block_k, self.sharing, self.projection = block_size, block_k, sharing, projection
         self.key_projection, self.value_projection = build_projections(
-            projection, sharing, block_k, block_size, heads, self.context, shared_key="linformer_causal_E"
+            projection, sharing, block_k, block_size, self.heads, self.context, shared_key="linformer_causal_E"
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:

@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState, zero_padded
+from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.lsh_kernel import LSHFunction
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
@@ -109,11 +109,8 @@ class LSHAttention(AttentionCore):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         n_hashes: int = 4,
         bucket_size: int | None = None,
         n_buckets: int | None = None,
@@ -121,7 +118,7 @@ class LSHAttention(AttentionCore):
         seed: int = 0,
     ) -> None:
         """``n_hashes`` rounds; ``bucket_size`` or ``n_buckets`` (1 or even), not both; see the module docstring."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        super().__init__(geometry)
         if bucket_size is not None and n_buckets is not None:
             raise ValueError(f"give bucket_size or n_buckets, not both (got {bucket_size} and {n_buckets})")
         if n_buckets is None and bucket_size is None:

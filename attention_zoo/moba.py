@@ -36,7 +36,8 @@ axis (the kernel sees B = H = 1) and a layout is built per call from the routing
 Ranks go into separate groups because the kernel updates each chunk of tiles as a read-modify-write of
 its rows, so a row may sit in many groups but in one tile per group. Keys are read per tile, not per
 query, which is what makes a key-block-major layout fast (the authors' varlen FlashAttention does the
-same). The dense (N, N) score matrix is never formed.
+same). The dense (N, N) score matrix is never formed, except with ``impl="dense"``: the same selection as an
+(N, N) mask and a masked softmax, for short sequences.
 
 Cost per head: gate 2 N n d (with n = N / B blocks: quadratic, but B-fold below full attention's);
 attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k + N B) (the last: the causal mask of
@@ -59,7 +60,7 @@ not here.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +69,8 @@ from torch import Tensor
 
 from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
-from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
+from attention_zoo.masks import masked_softmax
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
 
@@ -84,31 +86,32 @@ class MixtureOfBlockAttention(AttentionCore):
     supports_cross_attention: ClassVar[bool] = False
     approximation: ClassVar[Approximation] = "content-selected sparsity"
     has_decoding_cache: ClassVar[bool] = True
-    example_configs = ({"block_size": 4, "top_k": 2}, {"block_size": 8, "top_k": 1}, {"block_size": 6, "top_k": 3})
+    example_configs = (
+        {"block_size": 4, "top_k": 2},
+        {"block_size": 8, "top_k": 1},
+        {"block_size": 6, "top_k": 3},
+        {"block_size": 4, "top_k": 2, "impl": "dense"},
+    )
     notes: ClassVar[str] = (
         "exact over its selection: own block + top_k blocks by <q, mean key> (paper's top-k = top_k + 1); "
         "self-attention only; the selection passes no gradient"
     )
 
     def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        block_size: int = 512,
-        top_k: int = 2,
+        self, geometry: Geometry, *, block_size: int = 512, top_k: int = 2, impl: Literal["tiled", "dense"] = "tiled"
     ) -> None:
         """``block_size`` B: keys per block (>= 1); ``top_k``: gated blocks per query besides its own (>= 0;
-        0 = attention inside blocks only). Defaults: the paper's block 512, top-k 3 (own block included)."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        0 = attention inside blocks only). Defaults: the paper's block 512, top-k 3 (own block included).
+        ``impl``: ``"tiled"`` (default) the block-sparse kernel below, O(N (top_k + 1) B) per head;
+        ``"dense"`` the (N, N) mask of the same selection and a masked softmax, O(N^2): the same output, and
+        faster at short lengths, where the tiled kernel's per-call layout costs more than the scores it skips."""
+        super().__init__(geometry)
         if block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {block_size}")
         self.bound_by_length("block_size", block_size)
         if top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (gated blocks besides the own block), got {top_k}")
-        self.block_size, self.top_k = block_size, top_k
+        self.block_size, self.top_k, self.impl = block_size, top_k, impl
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, n: positions (padded to whole blocks), g: block, j: position in a block, d: head dim
@@ -126,6 +129,8 @@ class MixtureOfBlockAttention(AttentionCore):
             counts = reduce(real.to(work), "b (g j) -> b g", "sum", j=c)
         selected = self.select_blocks(q, sums, counts, offset=0, causal=causal)
         selected[:, :, n:, 1:] = -1  # the completing slots gate nothing in (rank 0 keeps every row in the kernel)
+        if self.impl == "dense":
+            return dense_routed_attention(q, k, v, selected, real, c, causal, self.scale)[:, :, :n]
         out = routed_attention(q, k, v, selected, real, c, offset=0, causal=causal, scale=self.scale)
         return out[:, :, :n]
 
@@ -229,6 +234,24 @@ def routed_attention(
     key_padding = None if real is None else repeat(real, "b n -> 1 (b h n)", h=heads)
     out = tiled_attention(flat(q), flat(k), flat(v), layout, key_padding, scale)
     return rearrange(out, "1 1 (b h n) d -> b h n d", b=batch, h=heads)
+
+
+def dense_routed_attention(
+    q: Tensor, k: Tensor, v: Tensor, selected: Tensor, real: Tensor | None, block_size: int, causal: bool, scale: float
+) -> Tensor:
+    """:func:`routed_attention` of a whole sequence (queries at positions 0..N-1) as a masked softmax over the
+    dense (N, N) mask of the selection."""
+    # b: batch, h: heads, i: query, j: key, g: block, r: rank, d: head dim
+    n = q.shape[-2]
+    chosen = torch.zeros(*selected.shape[:3], n // block_size + 1, dtype=torch.bool, device=q.device)
+    chosen.scatter_(-1, selected.masked_fill(selected < 0, n // block_size), True)  # -1 lands in a spare column
+    allowed = repeat(chosen[..., :-1], "b h i g -> b h i (g j)", j=block_size)
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    if real is not None:
+        allowed = allowed & rearrange(real, "b j -> b 1 1 j")
+    scores = einsum(q * scale, k, "b h i d, b h j d -> b h i j")
+    return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
 
 
 def routed_layout(

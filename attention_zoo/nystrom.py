@@ -65,7 +65,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from attention_zoo import chunking
-from attention_zoo.core import Approximation, AttentionCore, BuildContext
+from attention_zoo.core import Approximation, AttentionCore, Geometry
 from attention_zoo.masks import masked_softmax
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
@@ -192,11 +192,8 @@ class NystromAttention(AttentionCore):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         num_landmarks: int = 64,
         pinv_iterations: int = PAPER_PINV_ITERATIONS,
         pinv: PinvMethod = "iterative",
@@ -205,7 +202,7 @@ class NystromAttention(AttentionCore):
         """``num_landmarks``: m in (N1); ``pinv_iterations``: steps of (N4) (``pinv="iterative"`` only; the
         paper uses 6); ``pinv``: ``"iterative"`` (N4)-(N5) or ``"exact"`` (``torch.linalg.pinv``);
         ``conv_kernel_size``: odd kernel of the depthwise convolution skip on V, or None (off)."""
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+        super().__init__(geometry)
         if num_landmarks < 1:
             raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
         self.bound_by_length("num_landmarks", num_landmarks)
@@ -225,9 +222,8 @@ class NystromAttention(AttentionCore):
         self.pinv = pinv
         self.conv = None
         if conv_kernel_size is not None:
-            self.conv = nn.Conv2d(
-                heads, heads, (conv_kernel_size, 1), padding=(conv_kernel_size // 2, 0), groups=heads, bias=False
-            )
+            h = self.heads
+            self.conv = nn.Conv2d(h, h, (conv_kernel_size, 1), padding=(conv_kernel_size // 2, 0), groups=h, bias=False)
 
     @classmethod
     def causal_alternative(cls) -> str:

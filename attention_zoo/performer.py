@@ -74,7 +74,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.core import Approximation, BuildContext
+from attention_zoo.core import Approximation, Geometry
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.registry import register_attention
 
@@ -109,11 +109,8 @@ class PerformerAttention(KernelAttention):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         nb_features: int = DEFAULT_FEATURES,
         kernel: Kernel = "softmax",
         redraw_interval: int | None = 1,
@@ -122,9 +119,7 @@ class PerformerAttention(KernelAttention):
     ) -> None:
         """``nb_features`` m; ``kernel`` softmax (FAVOR+) or relu (generalized attention); ``redraw_interval``
         training passes per draw (None: never redraw); ``seed`` (>= 0); ``chunk_size`` c of the causal form."""
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, chunk_size=chunk_size
-        )
+        super().__init__(geometry, chunk_size=chunk_size)
         if nb_features < 1:
             raise ValueError(f"nb_features must be >= 1, got {nb_features}")
         if redraw_interval is not None and redraw_interval < 1:

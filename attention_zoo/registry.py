@@ -1,7 +1,8 @@
 """The attention registry: one decorator, one factory, one listing.
 
-Options of a mechanism are the keyword-only parameters of its ``__init__`` beyond the ones every core
-takes (:data:`COMMON_PARAMETERS`); their type hints are the validation, so there is no parallel config.
+Options of a mechanism are the keyword-only parameters of its ``__init__``, after the
+:class:`~attention_zoo.core.Geometry` every core takes, which :func:`create_attention` makes from its keywords
+:data:`COMMON_PARAMETERS`; their type hints are the validation, so there is no parallel config.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar, Union
 
 from attention_zoo.catalog import REGISTERED, names_with
-from attention_zoo.core import APPROXIMATIONS, AttentionCore, BuildContext
+from attention_zoo.core import APPROXIMATIONS, AttentionCore, BuildContext, Geometry
 
 __all__ = [
     "COMMON_PARAMETERS",
@@ -26,7 +27,8 @@ __all__ = [
     "register_attention",
 ]
 
-COMMON_PARAMETERS = ("dim_head", "heads", "max_seq_len", "context")
+#: the keywords of :func:`create_attention` that make a core's :class:`~attention_zoo.core.Geometry`, not options
+COMMON_PARAMETERS = tuple(f.name for f in fields(Geometry))
 
 _REGISTRY: dict[str, type[AttentionCore]] = REGISTERED  # type: ignore[assignment]
 
@@ -49,6 +51,11 @@ def register_attention(name: str) -> Callable[[CoreT], CoreT]:
         for option in attention_options(cls):
             if option.kind != inspect.Parameter.KEYWORD_ONLY:
                 raise TypeError(f"{cls.__qualname__}: option {option.name!r} must be keyword-only")
+            if option.name in COMMON_PARAMETERS:
+                raise TypeError(
+                    f"{cls.__qualname__}: {option.name!r} is part of the Geometry every core takes as its first "
+                    "argument (def __init__(self, geometry: Geometry, *, <options>)), not an option"
+                )
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -114,13 +121,14 @@ class OptionSpec:
 
 
 def attention_options(cls: type[AttentionCore]) -> list[OptionSpec]:
-    """The options a mechanism accepts, in signature order, with their resolved type hints."""
+    """The options a mechanism accepts (its ``__init__`` parameters after ``self`` and ``geometry``), in signature
+    order, with their resolved type hints."""
     hints = typing.get_type_hints(cls.__init__)
     params = inspect.signature(cls.__init__).parameters.values()
     return [
         OptionSpec(p.name, hints.get(p.name, Any), p.default, p.kind)
         for p in params
-        if p.name != "self" and p.name not in COMMON_PARAMETERS and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        if p.name not in ("self", "geometry") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     ]
 
 
@@ -148,7 +156,7 @@ def create_attention(
     missing = [s.name for s in specs.values() if s.required and s.name not in options]
     if missing:
         raise ValueError(f"attention {name!r} needs option(s) {', '.join(missing)}; {describe_options(cls)}")
-    return cls(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, **options)
+    return cls(Geometry(dim_head, heads, max_seq_len, context), **options)
 
 
 def describe_options(cls: type[AttentionCore]) -> str:

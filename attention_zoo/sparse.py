@@ -55,7 +55,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from attention_zoo import sparse_flex as flex
 from attention_zoo.block_sparse import TileGroup, tiled_attention
-from attention_zoo.core import Approximation, AttentionCore, BuildContext, DecodingState
+from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding_cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import MaskMod, masked_softmax
 from attention_zoo.patterns import (
@@ -82,19 +82,10 @@ class PatternAttention(AttentionCore):
     approximation: ClassVar[Approximation] = "fixed sparsity"
     has_decoding_cache: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        pattern: SparsePattern,
-        impl: Impl = "auto",
-    ) -> None:
-        super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+    def __init__(self, geometry: Geometry, *, pattern: SparsePattern, impl: Impl = "auto") -> None:
+        super().__init__(geometry)
         if impl == "flex":
-            flex.check_flex_dim_head(dim_head)
+            flex.check_flex_dim_head(self.dim_head)
         for option, value, default, per_position in pattern.length_bounds():
             self.bound_by_length(option, value, default=default, per_position=per_position, minimum=per_position)
         self.pattern = pattern
@@ -156,24 +147,13 @@ class LocalAttention(PatternAttention):
         "exact on its pattern: |i - j| <= window/2 (window + 1 keys; causal: window/2 + 1); self-attention only"
     )
 
-    def __init__(
-        self,
-        *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
-        window: int = LocalPattern.window,
-        impl: Impl = "auto",
-    ) -> None:
+    def __init__(self, geometry: Geometry, *, window: int = LocalPattern.window, impl: Impl = "auto") -> None:
         """``window``: w, even: each query sees the w/2 keys on each side and itself (Longformer's w; default
         256, the Longformer-257 of the Nystromformer comparison);
         ``impl``: ``"auto"`` (flex on CUDA, blocked elsewhere), ``"flex"`` (FlexAttention), ``"blocked"``
         (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring."""
         pattern = LocalPattern(window=window)
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, pattern=pattern, impl=impl
-        )
+        super().__init__(geometry, pattern=pattern, impl=impl)
 
 
 @register_attention("sparse")
@@ -192,11 +172,8 @@ class SparseAttention(PatternAttention):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         pattern: PatternName = "strided",
         stride: int | None = None,
         summary_columns: int | None = None,
@@ -230,9 +207,7 @@ class SparseAttention(PatternAttention):
             seed=seed,
             global_placement=global_placement,
         )
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, pattern=chosen, impl=impl
-        )
+        super().__init__(geometry, pattern=chosen, impl=impl)
 
 
 @register_attention("longformer")
@@ -244,19 +219,14 @@ class LongformerAttention(PatternAttention):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         window: int = LongformerPattern.window,
         global_tokens: int = LongformerPattern.global_tokens,
         impl: Impl = "auto",
     ) -> None:
         pattern = LongformerPattern(window=window, global_tokens=global_tokens)
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, pattern=pattern, impl=impl
-        )
+        super().__init__(geometry, pattern=pattern, impl=impl)
 
 
 @register_attention("bigbird")
@@ -274,11 +244,8 @@ class BigBirdAttention(PatternAttention):
 
     def __init__(
         self,
+        geometry: Geometry,
         *,
-        dim_head: int,
-        heads: int,
-        max_seq_len: int | None = None,
-        context: BuildContext | None = None,
         block_size: int = BigBirdPattern.block_size,
         window_blocks: int = BigBirdPattern.window_blocks,
         global_tokens: int | None = None,
@@ -295,6 +262,4 @@ class BigBirdAttention(PatternAttention):
         the first g/2 (a trailing global block would depend on the total length). ``"start"``: the first g
         positions."""
         pattern = BigBirdPattern(block_size, window_blocks, global_tokens, random_blocks, seed, global_placement)
-        super().__init__(
-            dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context, pattern=pattern, impl=impl
-        )
+        super().__init__(geometry, pattern=pattern, impl=impl)

@@ -39,19 +39,34 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def dispatch(
+    argv: list[str],
+    commands: dict[str, tuple[str, str, str]],
+    *,
+    prog: str,
+    noun: str,
+    heading: str,
+    placeholder: str | None = None,
+) -> int:
+    """Run the entry of ``commands`` (name -> (module, function taking argv, one-line help)) that ``argv[0]``
+    names on the rest of ``argv``, importing its module only then. No name, or ``-h`` / ``--help``: the usage
+    line and the names under ``heading`` (exit code 2 and 0); an unknown name: one error line, exit code 2."""
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: zoo <command> [args]\n\ncommands:")
-        for name, (_, _, text) in COMMANDS.items():
+        print(f"usage: {prog} <{placeholder or noun}> [args]\n\n{heading}:")
+        for name, (_, _, text) in commands.items():
             print(f"  {name:<10} {text}")
         return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command not in COMMANDS:
-        print(f"zoo: unknown command {command!r}; choose from {', '.join(COMMANDS)}", file=sys.stderr)
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        print(f"{prog}: unknown {noun} {name!r}; choose from {', '.join(commands)}", file=sys.stderr)
         return 2
-    module, function, _ = COMMANDS[command]
+    module, function, _ = commands[name]
     return getattr(importlib.import_module(module), function)(rest) or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    return dispatch(argv, COMMANDS, prog="zoo", noun="command", heading="commands")
 
 
 if __name__ == "__main__":

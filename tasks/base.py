@@ -13,8 +13,10 @@ data is read or any step is taken. Batches follow the data contract (``tasks/dat
 
 from __future__ import annotations
 
+import inspect
 import math
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -22,7 +24,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
-from torch import Tensor
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
@@ -31,6 +33,8 @@ from attention_zoo.transformer import Positional
 from tasks.callbacks import RunRecord, SpeedAndMemory
 
 Stage = Literal["train", "val", "test"]
+#: the learning-rate schedule after warm-up (:meth:`ZooTask.configure_optimizers`)
+Schedule = Literal["cosine", "constant"]
 STAGES: tuple[Stage, ...] = ("train", "val", "test")
 
 
@@ -55,6 +59,16 @@ class ZooTask(pl.LightningModule):
     def describe_run(self) -> dict[str, Any]:
         """Task-specific entries of the run record (``run.json``), written when fitting starts."""
         return {}
+
+    def build_model(self, model: Callable[..., nn.Module], what: str) -> nn.Module:
+        """``model`` built from the hyperparameters of this task that bear the names of its parameters (the
+        others keep their defaults); a ``ValueError`` (a bad attention name or option) becomes a
+        :class:`ConfigError` naming ``what``."""
+        names = inspect.signature(model).parameters
+        try:
+            return model(**{name: self.hparams[name] for name in names if name in self.hparams})
+        except ValueError as error:
+            raise ConfigError(f"cannot build the {what} with attention={self.hparams.attention!r}: {error}") from None
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
@@ -157,28 +171,13 @@ class EncoderTask(ZooTask):
         lr: float = 1e-3,
         weight_decay: float = 0.01,
         warmup_steps: int = 100,
-        schedule: Literal["cosine", "constant"] = "cosine",
+        schedule: Schedule = "cosine",
         init_from: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        try:
-            self.encoder = TransformerEncoder(
-                vocab_size,
-                dim,
-                depth,
-                heads,
-                max_seq_len,
-                attention=attention,
-                attention_options=attention_options,
-                dim_head=dim_head,
-                ff_mult=ff_mult,
-                dropout=dropout,
-                positional=positional,
-                short_convolution=short_convolution,
-            )
-        except ValueError as error:
-            raise ConfigError(f"cannot build the encoder with attention={attention!r}: {error}") from None
+        # the model's options above reach it as saved hyperparameters of the same names
+        self.encoder = self.build_model(TransformerEncoder, "encoder")
         if num_classes < 1:
             raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
         if init_from is not None:

@@ -43,7 +43,7 @@ from torchmetrics.text import Perplexity
 from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import Positional
-from tasks.base import ConfigError, ZooTask
+from tasks.base import ConfigError, Schedule, ZooTask
 from tasks.data.base import IGNORE_INDEX
 from tasks.translation_metrics import copy_baseline, corpus_scores
 
@@ -107,7 +107,7 @@ class TranslationTask(ZooTask):
         lr: float = 5e-4,
         weight_decay: float = 0.01,
         warmup_steps: int = 500,
-        schedule: Literal["cosine", "constant"] = "cosine",
+        schedule: Schedule = "cosine",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -122,28 +122,8 @@ class TranslationTask(ZooTask):
             raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if beam_size < 1 or length_penalty < 0:
             raise ConfigError(f"beam_size must be >= 1 and length_penalty >= 0, got {beam_size}, {length_penalty}")
-        try:
-            self.model = Seq2SeqTransformer(
-                vocab_size,
-                max_source_len,
-                max_target_len,
-                dim=dim,
-                depth=depth,
-                decoder_depth=decoder_depth,
-                heads=heads,
-                dim_head=dim_head,
-                ff_mult=ff_mult,
-                dropout=dropout,
-                positional=positional,
-                attention=attention,
-                attention_options=attention_options,
-                decoder_attention=decoder_attention,
-                decoder_attention_options=decoder_attention_options,
-                cross_attention=cross_attention,
-                cross_attention_options=cross_attention_options,
-            )
-        except ValueError as error:
-            raise ConfigError(f"cannot build the translation model with attention={attention!r}: {error}") from None
+        # the model's options above reach it as saved hyperparameters of the same names
+        self.model = self.build_model(Seq2SeqTransformer, "translation model")
         rule = self.model.decoder_rule
         options = f" {rule.options}" if rule.options else ""
         rank_zero_info(f"decoder self-attention: {rule.attention}{options} ({rule.reason})")

@@ -23,8 +23,9 @@ a 95% interval per mechanism, and each mechanism's paired difference from ``--re
 with its verdict by the rule of ``experiments/stats.py`` (``on par`` within ``--margin``, ``better``,
 ``worse`` or ``inconclusive``).
 
-Each run trains in its own ``zoo fit`` subprocess (``threads`` torch threads), so a crash or an
-out-of-memory error stays its own and the peak memory is that run's alone. Outputs, in
+Each run trains in its own ``zoo fit`` process (``threads`` torch threads), so a crash or an out-of-memory
+error stays its own and the peak memory is that run's alone; the processes are forked from one that has
+imported torch and Lightning once (``experiments/compare/preload.py``), so a run does not pay those imports. Outputs, in
 ``<runs_dir>/<experiment>/``: one TensorBoard run per mechanism and seed (``<label>/seed-<s>``) and a
 Custom Scalars layout with one chart per metric; ``runs.csv``, ``summary.csv``, ``summary.md``,
 ``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved ``compare.yaml``. With ``--bench DIR``
@@ -36,7 +37,7 @@ beam search, chrF, decoding speed); the test metrics join the run's row (``test_
 Rerunning the same command resumes: runs that finished are kept, unfinished ones continue from their last
 checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An experiment directory that
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
-directory (``<experiment>-2``, ...). Ctrl-C stops the running subprocess cleanly, writes the summary of what
+directory (``<experiment>-2``, ...). Ctrl-C stops the running run cleanly, writes the summary of what
 finished (the rest marked interrupted or not run) and exits with 130. One command at a time per experiment: a
 second one stops with one error line (``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock
 that another host holds).
@@ -66,6 +67,7 @@ from jsonargparse.typing import Path_fr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
+from experiments.compare import preload
 from experiments.compare.lock import ExperimentLocked, experiment_lock
 from experiments.compare.runs import Entry, Run, RunSettings, attempt, is_finished, is_tested, run_row
 from experiments.compare.summary import format_interval, primary_metric, print_table, write_outputs
@@ -384,6 +386,8 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         entries = plan(config.attentions, config.options)
     except ValueError as error:
         parser.error(str(error))
+    if config.launcher == "local":
+        preload.warm_up()  # the runs' imports, in parallel with the checks
     out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {shown_config} ...")
     problems, vary_data_order = check_entries(entries, task_config, fit_args, verbose=verbose)
     if problems:

@@ -1,7 +1,7 @@
-"""One ``zoo compare`` run: a (mechanism, options, seed) trained by one ``zoo fit`` subprocess.
+"""One ``zoo compare`` run: a (mechanism, options, seed) trained by one ``zoo fit`` process.
 
 The run's directory is ``<experiment>/<label>/seed-<seed>/`` (the TensorBoard logger's version, so
-``tensorboard --logdir <experiment>`` shows ``<label>/seed-<seed>`` runs side by side); the subprocess keeps
+``tensorboard --logdir <experiment>`` shows ``<label>/seed-<seed>`` runs side by side); the run's process keeps
 ``run.json`` there up to date (``tasks/callbacks.py``), which is all the parent reads: progress while it
 runs, then metrics, throughput and memory. A run whose ``run.json`` says ``finished`` is done for good; a
 rerun of the experiment skips it (resume), continues an unfinished one from its ``last.ckpt``, and starts
@@ -16,13 +16,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from experiments.compare import preload
 from tasks.callbacks import RUN_RECORD, read_json_record
 
 
@@ -77,7 +77,7 @@ def fit_command(
     vary_data_order: bool,
     subcommand: Literal["fit", "test"] = "fit",
 ) -> list[str]:
-    """The ``zoo fit`` command line of ``run`` (continuing from its ``last.ckpt`` when there is one), or with
+    """The ``zoo fit`` arguments of ``run`` (continuing from its ``last.ckpt`` when there is one), or with
     ``subcommand="test"`` the ``zoo test`` of its ``last.ckpt``, logging into the same run directory."""
     logger = {
         "class_path": "tasks.logger.ZooTensorBoardLogger",
@@ -89,7 +89,7 @@ def fit_command(
         },
     }
     command = [
-        sys.executable, "-m", "experiments.cli", subcommand, "-c", task_config,
+        subcommand, "-c", task_config,
         "--seed_everything", str(run.seed),
         "--model.attention", run.entry.attention,
         "--model.attention_options", json.dumps(run.entry.options),
@@ -119,7 +119,7 @@ def prepare_directory(run_dir: Path) -> str:
 
 
 def execute(
-    command: list[str],
+    args: list[str],
     run_dir: Path,
     *,
     threads: int,
@@ -128,32 +128,32 @@ def execute(
     on_progress: Any = None,
     log_name: str = "fit.log",
 ) -> tuple[int, float, str]:
-    """Run ``command`` with its output in ``run_dir/<log_name>``; return (exit code, wall seconds, how it
-    ended: ``"exited"``, ``"timed out"`` or ``"interrupted"``). ``on_progress(step, max_steps)`` is called
+    """Run ``zoo <args>`` (started by :mod:`experiments.compare.preload`) with its output in
+    ``run_dir/<log_name>``; return (exit code, wall seconds, how it ended: ``"exited"``, ``"timed out"`` or
+    ``"interrupted"``). ``on_progress(step, max_steps)`` is called
     while it runs; setting ``stop`` ends it early (SIGINT, then SIGKILL after 15 s)."""
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     ended = "exited"
-    with open(run_dir / log_name, "a") as log:
-        with _signals_unblocked():  # a Ray worker blocks SIGINT, and a child inherits the mask: _terminate needs it
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while process.poll() is None:
-                record = read_record(run_dir)
-                if on_progress is not None and record.get("max_steps"):
-                    on_progress(record.get("step", 0), record["max_steps"])
-                if timeout is not None and time.perf_counter() - started > timeout:
-                    ended = "timed out"
-                elif stop.is_set():
-                    ended = "interrupted"
-                if ended != "exited":
-                    _terminate(process)
-                    break
-                stop.wait(0.25)
-        except BaseException:  # e.g. a cancelled Ray task: the run (in its own session) must not outlive it
-            _terminate(process)
-            raise
-        process.wait()
+    with _signals_unblocked():  # a Ray worker blocks SIGINT, and a child inherits the mask: _terminate needs it
+        process = preload.start(args, run_dir / log_name, env, threads)
+    try:
+        while process.poll() is None:
+            record = read_record(run_dir)
+            if on_progress is not None and record.get("max_steps"):
+                on_progress(record.get("step", 0), record["max_steps"])
+            if timeout is not None and time.perf_counter() - started > timeout:
+                ended = "timed out"
+            elif stop.is_set():
+                ended = "interrupted"
+            if ended != "exited":
+                _terminate(process)
+                break
+            stop.wait(0.25)
+    except BaseException:  # e.g. a cancelled Ray task: the run (in its own session) must not outlive it
+        _terminate(process)
+        raise
+    process.wait()
     return process.returncode, time.perf_counter() - started, ended
 
 
@@ -209,7 +209,7 @@ def _signals_unblocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _terminate(process: subprocess.Popen) -> None:
+def _terminate(process: preload.RunProcess) -> None:
     """SIGINT first (Lightning stops cleanly and the run records why), SIGKILL if it does not exit."""
     process.send_signal(signal.SIGINT)
     try:

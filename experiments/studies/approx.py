@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import Tensor
 
 from experiments.compare.runs import is_finished
-from experiments.console import console
 from experiments.stats import summarize
 from experiments.studies.approx_methods import (
     Head,
@@ -53,6 +53,7 @@ from experiments.studies.approx_methods import (
     methods,
 )
 from experiments.studies.approx_plots import plot
+from experiments.studies.cli import add_output_options, run_study
 from experiments.studies.common import (
     RowLog,
     TrainedRun,
@@ -261,20 +262,15 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--sequences", type=int, default=2, help="validation sequences per trained model")
     parser.add_argument("--inputs", type=list[str], default=["gaussian", "trained"], help="gaussian and/or trained")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Gaussian draws and random projections")
-    parser.add_argument("--out", type=str, default="runs/studies/approximation", help="output folder")
     parser.add_argument("--plot", type=bool, default=True, help="draw the figures (false: CSVs only, --replot later)")
-    parser.add_argument("--replot", type=str | None, default=None, help="redraw the figures of this folder's CSV")
-    return parser
+    return add_output_options(parser, out="runs/studies/approximation")
 
 
 def main(argv: list[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    out = console()
-    if args.replot:
-        written = plot(Path(args.replot))
-        out.print("wrote " + ", ".join(str(p) for p in written))
-        return 0
+    return run_study(build_parser(), argv, replot=lambda directory, args: plot(directory), run=_run)
+
+
+def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     unknown = sorted(set(args.inputs) - {"gaussian", "trained"})
     if unknown or min(args.samples, args.sequences, args.dim_head, *args.lengths) < 1:
         parser.error(f"--inputs takes gaussian and/or trained (got {unknown}); sizes must be >= 1")

@@ -6,29 +6,68 @@
     zoo study <name> --replot DIR             # redraw a study's figures from its committed CSVs
 
 Each study writes CSVs first and draws its figures from them; ``zoo study <name> --help`` gives its options.
+Every study takes ``--out`` and ``--replot`` (:func:`add_output_options`) and runs through :func:`run_study`.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-#: study -> (module, one-line help)
-STUDIES: dict[str, tuple[str, str]] = {
-    "spectrum": ("experiments.studies.spectrum", "normalised cumulative singular values of P per layer and head"),
-    "approx": ("experiments.studies.approx", "relative error of each approximation vs softmax attention"),
-    "mlm": ("experiments.studies.mlm", "MLM validation perplexity curves and final table of the Linformer runs"),
+from experiments.cli import dispatch
+from experiments.console import console
+
+if TYPE_CHECKING:
+    from jsonargparse import ArgumentParser, Namespace
+    from rich.console import Console
+
+#: study -> (module, function taking argv, one-line help)
+STUDIES: dict[str, tuple[str, str, str]] = {
+    "spectrum": (
+        "experiments.studies.spectrum",
+        "main",
+        "normalised cumulative singular values of P per layer and head",
+    ),
+    "approx": ("experiments.studies.approx", "main", "relative error of each approximation vs softmax attention"),
+    "mlm": (
+        "experiments.studies.mlm",
+        "main",
+        "MLM validation perplexity curves and final table of the Linformer runs",
+    ),
 }
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: zoo study <name> [args]\n\nstudies:")
-        for name, (_, text) in STUDIES.items():
-            print(f"  {name:<10} {text}")
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in STUDIES:
-        print(f"zoo study: unknown study {name!r}; choose from {', '.join(STUDIES)}", file=sys.stderr)
-        return 2
-    return importlib.import_module(STUDIES[name][0]).main(rest) or 0
+    return dispatch(argv, STUDIES, prog="zoo study", noun="study", heading="studies", placeholder="name")
+
+
+def add_output_options(
+    parser: ArgumentParser, *, out: str, replot: str = "redraw the figures of this folder's CSV"
+) -> ArgumentParser:
+    """Add the options of every study, ``--out`` (its output folder, default ``out``) and ``--replot``."""
+    parser.add_argument("--out", type=str, default=out, help="output folder")
+    parser.add_argument("--replot", type=str | None, default=None, help=replot)
+    return parser
+
+
+def run_study(
+    parser: ArgumentParser,
+    argv: list[str],
+    *,
+    replot: Callable[[Path, Namespace], list[Path]],
+    run: Callable[[ArgumentParser, Namespace, Console], int],
+    check: Callable[[Namespace], str | None] = lambda args: None,
+) -> int:
+    """``zoo study <name>``: parse ``argv`` (a problem ``check`` names is a usage error), then with ``--replot DIR``
+    redraw from that folder's CSVs (``replot`` returns the files it wrote, listed here), else ``run`` the study."""
+    args = parser.parse_args(argv)
+    out = console()
+    problem = check(args)
+    if problem:
+        parser.error(problem)
+    if args.replot:
+        written = replot(Path(args.replot), args)
+        out.print("wrote " + ", ".join(str(p) for p in written))
+        return 0
+    return run(parser, args, out)

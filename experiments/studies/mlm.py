@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
 
 from attention_zoo import attention_options, get_attention_class
 from attention_zoo.linformer import DEFAULT_K
 from experiments.compare.command import plan
 from experiments.compare.runs import read_record
-from experiments.console import console
 from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
+from experiments.studies.cli import add_output_options, run_study
 from experiments.studies.common import write_csv
 from experiments.studies.mlm_plots import plot
 
@@ -202,27 +203,24 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "--runs_dir", type=str | None, default=None, help="where the experiments ran (default: each config's runs_dir)"
     )
-    parser.add_argument("--out", type=str, default="runs/studies/mlm", help="output folder")
-    parser.add_argument(
-        "--replot", type=str | None, default=None, help="rewrite the table and redraw the figure of this folder's CSVs"
-    )
-    return parser
+    replot = "rewrite the table and redraw the figure of this folder's CSVs"
+    return add_output_options(parser, out="runs/studies/mlm", replot=replot)
 
 
 def main(argv: list[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    out = console()
-    if args.replot:
-        directory = Path(args.replot)
-        with open(directory / "runs.csv") as file:
-            runs = list(csv.DictReader(file))
-        table = table_rows(runs)
-        write_csv(directory / "table.csv", table, TABLE_COLUMNS)
-        (directory / "table.md").write_text(markdown(table, runs))
-        written = [directory / "table.csv", directory / "table.md", *plot(directory)]
-        out.print("wrote " + ", ".join(str(p) for p in written))
-        return 0
+    return run_study(build_parser(), argv, replot=_replot, run=_run)
+
+
+def _replot(directory: Path, args: Namespace) -> list[Path]:
+    with open(directory / "runs.csv") as file:
+        runs = list(csv.DictReader(file))
+    table = table_rows(runs)
+    write_csv(directory / "table.csv", table, TABLE_COLUMNS)
+    (directory / "table.md").write_text(markdown(table, runs))
+    return [directory / "table.csv", directory / "table.md", *plot(directory)]
+
+
+def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     expected = expected_runs(Path(args.configs), Path(args.runs_dir) if args.runs_dir else None)
     if not expected:
         parser.error(f"no zoo compare config (*.yaml) in {args.configs}")

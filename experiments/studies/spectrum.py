@@ -29,13 +29,14 @@ import json
 from pathlib import Path
 
 import torch
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
+from rich.console import Console
 from rich.progress import Progress
 from torch import Tensor
 
 from attention_zoo import MultiHeadAttention
 from attention_zoo.full import FullAttention
-from experiments.console import console
+from experiments.studies.cli import add_output_options, run_study
 from experiments.studies.common import (
     TrainedRun,
     capture,
@@ -217,24 +218,25 @@ def build_parser() -> ArgumentParser:
         "--k", type=int | None, default=None, help="index of the heatmap (default 128, the paper's for n = 512)"
     )
     parser.add_argument("--control_seed", type=int, default=0, help="seed of the randomly initialised control")
-    parser.add_argument("--out", type=str, default="runs/studies/spectrum", help="output folder")
-    parser.add_argument("--replot", type=str | None, default=None, help="redraw the figures of this folder's CSV")
-    return parser
+    return add_output_options(parser, out="runs/studies/spectrum")
 
 
 def main(argv: list[str]) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    out = console()
+    return run_study(build_parser(), argv, check=_check_sizes, replot=_replot, run=_run)
+
+
+def _check_sizes(args: Namespace) -> str | None:
     if (args.k is not None and args.k < 1) or args.sequences < 1:
-        parser.error(f"--k and --sequences must be >= 1, got k={args.k}, sequences={args.sequences}")
-    if args.replot:
-        directory = Path(args.replot)
-        saved = directory / "spectrum.json"
-        k = args.k or (json.loads(saved.read_text())["k"] if saved.is_file() else DEFAULT_K)
-        written = plot(directory, k)
-        out.print("wrote " + ", ".join(str(p) for p in written))
-        return 0
+        return f"--k and --sequences must be >= 1, got k={args.k}, sequences={args.sequences}"
+    return None
+
+
+def _replot(directory: Path, args: Namespace) -> list[Path]:
+    saved = directory / "spectrum.json"
+    return plot(directory, args.k or (json.loads(saved.read_text())["k"] if saved.is_file() else DEFAULT_K))
+
+
+def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     if not args.checkpoint:
         parser.error("give --checkpoint (or --replot DIR)")
     trained = load_run(Path(args.checkpoint), args.config and Path(args.config))

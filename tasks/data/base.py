@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
+from einops import rearrange
 from lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -84,6 +85,14 @@ class Sequences:
         lengths = torch.tensor([0, *(len(s) for s in sequences)], dtype=torch.int64)
         tokens = torch.cat([s.to(torch.int32) for s in sequences]) if sequences else torch.zeros(0, dtype=torch.int32)
         return cls(tokens, lengths.cumsum(0), labels, truncated)
+
+    @classmethod
+    def from_rows(cls, tokens: Tensor, labels: Tensor) -> Sequences:
+        """Pack equal-length rows: ``tokens`` and per-token ``labels``, both ``(n, N)``."""
+        length = tokens.shape[1]
+        offsets = torch.arange(0, tokens.numel() + 1, length, dtype=torch.int64)
+        flat_tokens, flat_labels = (rearrange(t, "b n -> (b n)").to(torch.int32) for t in (tokens, labels))
+        return cls(flat_tokens, offsets, flat_labels)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -239,10 +248,11 @@ class PadCollate:
 class ZooDataModule(LightningDataModule):
     """Base of every data module: shared dataloaders, padding collate, seeded splits, disk cache.
 
-    A subclass sets ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id`` in ``__init__`` (and the
-    class attributes ``target`` and ``cache_name``) and implements :meth:`cache_params` (everything that
-    defines the data) and :meth:`build_split`. :meth:`make_dataset` (MLM masking, translation pairs) and
-    :meth:`collate` (translation batches) may be overridden.
+    A subclass sets ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id`` in ``__init__`` (:meth:`expose`),
+    the class attributes ``target`` and ``cache_name``, and either ``cache_fields`` or :meth:`cache_params`
+    (everything that defines the data), and implements :meth:`build_split`. :meth:`make_dataset` (MLM
+    masking, translation pairs), :meth:`collate` (translation batches) and :meth:`truncation_warning` may be
+    overridden.
 
     The arguments below are the loader options of every data module: a subclass declares its own options
     only and passes ``**loader`` on to this ``__init__``, which takes no others (a misspelt option is
@@ -264,6 +274,8 @@ class ZooDataModule(LightningDataModule):
 
     target: ClassVar[Literal["sequence", "token"]]
     cache_name: ClassVar[str]
+    #: the attributes that, with ``seed``, define the data: the default :meth:`cache_params`
+    cache_fields: ClassVar[tuple[str, ...]] = ()
 
     vocab_size: int
     max_seq_len: int
@@ -293,9 +305,16 @@ class ZooDataModule(LightningDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.splits: dict[Split, Sequences] = {}
 
+    def expose(self, *, vocab_size: int, max_seq_len: int, num_classes: int, pad_id: int) -> None:
+        """Set the sizes the model is built with (LightningCLI links them) and the padding id."""
+        self.vocab_size, self.max_seq_len, self.num_classes, self.pad_id = vocab_size, max_seq_len, num_classes, pad_id
+
     def cache_params(self) -> dict:
-        """JSON-serialisable parameters that fully define the data of every split (the cache key)."""
-        raise NotImplementedError
+        """JSON-serialisable parameters that fully define the data of every split (the cache key); by
+        default the attributes named in ``cache_fields`` and ``seed``."""
+        if not self.cache_fields:
+            raise NotImplementedError(f"{type(self).__name__} defines neither cache_fields nor cache_params")
+        return {name: getattr(self, name) for name in self.cache_fields} | {"seed": self.seed}
 
     def build_split(self, split: Split) -> Sequences:
         """Generate or read and tokenise one split."""
@@ -312,12 +331,19 @@ class ZooDataModule(LightningDataModule):
         return cache_file(self.cache_dir, self.cache_name, split, self.cache_params())
 
     def load_split(self, split: Split) -> Sequences:
-        """The split, from memory, from the cache, or built (and cached)."""
+        """The split, from memory, from the cache, or built (and cached); when it is first loaded, a split
+        with truncated (or dropped) examples is warned about in the words of :meth:`truncation_warning`."""
         if split not in self.splits:
             params = self.cache_params()
             path = cache_file(self.cache_dir, self.cache_name, split, params)
             self.splits[split] = load_or_build(path, params, lambda: self.build_split(split))
+            if self.splits[split].truncated:
+                warnings.warn(self.truncation_warning(split, self.splits[split]), stacklevel=2)
         return self.splits[split]
+
+    def truncation_warning(self, split: Split, data: Sequences) -> str:
+        """What :meth:`load_split` says about a split in which ``data.truncated`` examples were cut."""
+        return f"{data.truncated} of {len(data)} {split} sequences were truncated"
 
     def prepare_data(self) -> None:
         # Lightning runs this on one process per node before setup: every split is built and cached once.

@@ -150,6 +150,13 @@ def _entry_order(key: str | tuple[str, int]) -> tuple[str, int]:
 def read_gettext_pairs(locale_dir: Path, lang: str) -> tuple[list[Pair], dict]:
     """Distinct ``(english, translation)`` pairs of every catalog of ``lang`` and a summary of what was
     kept, dropped (per rule) and normalised. Pairs come in the order their sources were first seen."""
+    pairs, _, summary = read_gettext_pairs_with_catalogs(locale_dir, lang)
+    return pairs, summary
+
+
+def read_gettext_pairs_with_catalogs(locale_dir: Path, lang: str) -> tuple[list[Pair], list[str], dict]:
+    """:func:`read_gettext_pairs`, plus the catalog (file name) of each pair: the first catalog, in file-name
+    order, that holds the pair as kept (the winning translation of its source)."""
     paths = catalog_paths(locale_dir, lang)
     if not paths:
         raise FileNotFoundError(missing_catalogs_message(locale_dir, lang))
@@ -157,6 +164,7 @@ def read_gettext_pairs(locale_dir: Path, lang: str) -> tuple[list[Pair], dict]:
     normalised = Counter(dict.fromkeys(("context_stripped", "whitespace", "mnemonic"), 0))
     translations: dict[str, Counter] = {}
     first_seen: dict[Pair, int] = {}
+    catalog_of: dict[Pair, str] = {}
     entries, repaired, unreadable = 0, [], []
     for path in paths:
         try:
@@ -199,7 +207,9 @@ def read_gettext_pairs(locale_dir: Path, lang: str) -> tuple[list[Pair], dict]:
                 dropped["same_as_source"] += 1
             else:
                 translations.setdefault(clean[0], Counter())[clean[1]] += 1
-                first_seen.setdefault(clean, len(first_seen))
+                if clean not in first_seen:
+                    first_seen[clean] = len(first_seen)
+                    catalog_of[clean] = path.name
     pairs = []
     for source, counts in translations.items():
         target = max(counts, key=lambda t: (counts[t], -first_seen[source, t]))
@@ -217,4 +227,4 @@ def read_gettext_pairs(locale_dir: Path, lang: str) -> tuple[list[Pair], dict]:
         "repaired_headers": repaired,
         "unreadable_catalogs": unreadable,
     }
-    return pairs, summary
+    return pairs, [catalog_of[pair] for pair in pairs], summary

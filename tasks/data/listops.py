@@ -177,6 +177,7 @@ class ListOpsDataModule(ZooDataModule):
 
     target = "sequence"
     cache_name = "listops"
+    cache_fields = ("min_length", "max_length", "max_depth", "max_args", "sizes", "prepend_cls")
 
     def __init__(
         self,
@@ -211,23 +212,9 @@ class ListOpsDataModule(ZooDataModule):
         self.min_length, self.max_length = min_length, max_length
         self.max_depth, self.max_args = max_depth, max_args
         self.prepend_cls = prepend_cls
-        self.vocab_size = len(VOCAB)
-        self.max_seq_len = max_length
-        self.num_classes = 10
-        self.pad_id = PAD_ID
+        self.expose(vocab_size=len(VOCAB), max_seq_len=max_length, num_classes=10, pad_id=PAD_ID)
         self.cls_id = CLS_ID
         self._unclaimed: dict[Split, Sequences] = {}  # generated splits not yet handed to load_split
-
-    def cache_params(self) -> dict:
-        return {
-            "min_length": self.min_length,
-            "max_length": self.max_length,
-            "max_depth": self.max_depth,
-            "max_args": self.max_args,
-            "sizes": self.sizes,
-            "prepend_cls": self.prepend_cls,
-            "seed": self.seed,
-        }
 
     def build_split(self, split: Split) -> Sequences:
         # every split comes from one pool of distinct trees: building any split builds all three, and the

@@ -87,6 +87,7 @@ class MajorityDataModule(ZooDataModule):
 
     target = "token"
     cache_name = "majority"
+    cache_fields = ("seq_len", "num_symbols", "planted_prob", "sizes")
 
     def __init__(
         self,
@@ -112,19 +113,7 @@ class MajorityDataModule(ZooDataModule):
             )
         self.sizes = split_sizes(train_size, val_size, test_size)
         self.seq_len, self.num_symbols, self.planted_prob = seq_len, num_symbols, planted_prob
-        self.vocab_size = num_symbols + 1
-        self.max_seq_len = seq_len
-        self.num_classes = num_symbols + 1
-        self.pad_id = PAD_ID
-
-    def cache_params(self) -> dict:
-        return {
-            "seq_len": self.seq_len,
-            "num_symbols": self.num_symbols,
-            "planted_prob": self.planted_prob,
-            "sizes": self.sizes,
-            "seed": self.seed,
-        }
+        self.expose(vocab_size=num_symbols + 1, max_seq_len=seq_len, num_classes=num_symbols + 1, pad_id=PAD_ID)
 
     def build_split(self, split: Split) -> Sequences:
         tokens, majority = generate_majority(
@@ -134,6 +123,4 @@ class MajorityDataModule(ZooDataModule):
             planted_prob=self.planted_prob,
             seed=derive_seed(self.seed, "majority", split),
         )
-        labels = repeat(majority, "b -> (b n)", n=self.seq_len)
-        offsets = torch.arange(0, tokens.numel() + 1, self.seq_len, dtype=torch.int64)
-        return Sequences(tokens.flatten().to(torch.int32), offsets, labels.to(torch.int32))
+        return Sequences.from_rows(tokens, repeat(majority, "b -> b n", n=self.seq_len))

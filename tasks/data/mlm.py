@@ -41,7 +41,6 @@ runs offline.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sysconfig
 from fnmatch import fnmatch
@@ -52,26 +51,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from tasks.data.base import (
-    IGNORE_INDEX,
-    SPLITS,
-    Sequences,
-    Split,
-    ZooDataModule,
-    cache_file,
-    derive_seed,
-    epoch_and_index,
-)
-from tasks.data.tokenize import (
-    MASK_ID,
-    PAD_ID,
-    SPECIAL_TOKENS,
-    TextTokenizer,
-    TokenizerKind,
-    file_digest,
-    resolve_tokenizer,
-    tokenizer_capacity,
-)
+from tasks.data.base import IGNORE_INDEX, SPLITS, Sequences, Split, derive_seed, epoch_and_index
+from tasks.data.tokenize import MASK_ID, PAD_ID, SPECIAL_TOKENS, TokenizedDataModule, TokenizerKind, file_digest
 
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the selected tokens; the remaining 0.1 stay unchanged
@@ -145,7 +126,7 @@ class MaskedLMDataset(Dataset):
         return inputs, torch.where(selected, tokens, IGNORE_INDEX)
 
 
-class MaskedLMDataModule(ZooDataModule):
+class MaskedLMDataModule(TokenizedDataModule):
     """Masked language modelling (BERT's 15 % masking, 80/10/10) on chunks of a local text corpus.
 
     ``target = "token"``; ``num_classes = vocab_size`` (labels are token ids, -100 where not selected).
@@ -206,8 +187,7 @@ class MaskedLMDataModule(ZooDataModule):
             raise ValueError(f"selection must be one of 'per_token', 'fixed_count'; got {selection!r}")
         if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
             raise ValueError(f"need val_fraction, test_fraction > 0 with sum < 1; got {val_fraction}, {test_fraction}")
-        if tokenizer not in ("byte", "bpe", "wordpiece"):
-            raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
+        self.use_tokenizer(tokenizer, tokenizer_vocab_size, tokenizer_file)
         self.max_files, self.max_bytes = max_files, max_bytes
         self.mask_prob = mask_prob
         self.selection = selection
@@ -216,14 +196,10 @@ class MaskedLMDataModule(ZooDataModule):
             "val": val_fraction,
             "test": test_fraction,
         }
-        self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file = tokenizer, tokenizer_vocab_size, tokenizer_file
         self._files: list[Path] | None = None
         self._documents: dict[Split, list[str]] | None = None  # the corpus text, dropped after setup
-        self._text_tokenizer: TextTokenizer | None = None
-        self.vocab_size = tokenizer_capacity(tokenizer, tokenizer_vocab_size, tokenizer_file)
-        self.max_seq_len = max_seq_len
-        self.num_classes = self.vocab_size
-        self.pad_id = PAD_ID
+        vocab_size = self.tokenizer_capacity()
+        self.expose(vocab_size=vocab_size, max_seq_len=max_seq_len, num_classes=vocab_size, pad_id=PAD_ID)
         self.mask_id = MASK_ID
 
     def files(self) -> list[Path]:
@@ -254,7 +230,7 @@ class MaskedLMDataModule(ZooDataModule):
                 break
         return documents
 
-    def _corpus_params(self) -> dict:
+    def source_params(self) -> dict:
         return {
             "files": file_digest(self.files(), root=self.corpus_dir),
             "max_bytes": self.max_bytes,
@@ -262,35 +238,8 @@ class MaskedLMDataModule(ZooDataModule):
             "seed": self.seed,
         }
 
-    @property
-    def tokenizer_path(self) -> Path | None:
-        """Where the tokenizer trained here is saved; None for ``byte`` or a given ``tokenizer_file``."""
-        if self.tokenizer == "byte" or self.tokenizer_file is not None:
-            return None
-        params = self._corpus_params() | {"kind": self.tokenizer, "vocab_size": self.tokenizer_vocab_size}
-        return cache_file(self.cache_dir, self.cache_name, "tokenizer", params).with_suffix(".json")
-
-    def text_tokenizer(self) -> TextTokenizer:
-        if self._text_tokenizer is None:
-            self._text_tokenizer = resolve_tokenizer(
-                self.tokenizer,
-                vocab_size=self.tokenizer_vocab_size,
-                tokenizer_file=self.tokenizer_file,
-                trained_path=self.tokenizer_path,
-                texts=lambda: self.documents()["train"],
-            )
-        return self._text_tokenizer
-
-    def cache_params(self) -> dict:
-        tokenizer_file_digest = None
-        if self.tokenizer_file is not None:
-            tokenizer_file_digest = hashlib.sha256(Path(self.tokenizer_file).read_bytes()).hexdigest()
-        return self._corpus_params() | {
-            "max_seq_len": self.max_seq_len,
-            "tokenizer": self.tokenizer,
-            "tokenizer_vocab_size": self.tokenizer_vocab_size,
-            "tokenizer_file": tokenizer_file_digest,
-        }
+    def training_texts(self) -> list[str]:
+        return self.documents()["train"]
 
     def build_split(self, split: Split) -> Sequences:
         pieces = self.text_tokenizer().encode(self.documents()[split])
@@ -303,12 +252,7 @@ class MaskedLMDataModule(ZooDataModule):
         offsets = torch.cat([torch.arange(0, len(stream), self.max_seq_len), torch.tensor([len(stream)])])
         return Sequences(stream.to(torch.int32), offsets)
 
-    def prepare_data(self) -> None:
-        super().prepare_data()
-        self._documents = None
-
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
+    def release_sources(self) -> None:
         self._documents = None
 
     def make_dataset(self, split: Split, data: Sequences) -> Dataset:

@@ -104,6 +104,7 @@ class AssociativeRecallDataModule(ZooDataModule):
 
     target = "token"
     cache_name = "mqar"
+    cache_fields = ("seq_len", "num_kv_pairs", "vocab_size", "power_a", "kv_placement", "sizes")
 
     def __init__(
         self,
@@ -138,21 +139,7 @@ class AssociativeRecallDataModule(ZooDataModule):
             raise ValueError(f"kv_placement must be 'start' or 'random', got {kv_placement!r}")
         self.seq_len, self.num_kv_pairs, self.power_a = seq_len, num_kv_pairs, power_a
         self.kv_placement = kv_placement
-        self.vocab_size = vocab_size
-        self.max_seq_len = seq_len
-        self.num_classes = vocab_size
-        self.pad_id = PAD_ID
-
-    def cache_params(self) -> dict:
-        return {
-            "seq_len": self.seq_len,
-            "num_kv_pairs": self.num_kv_pairs,
-            "vocab_size": self.vocab_size,
-            "power_a": self.power_a,
-            "kv_placement": self.kv_placement,
-            "sizes": self.sizes,
-            "seed": self.seed,
-        }
+        self.expose(vocab_size=vocab_size, max_seq_len=seq_len, num_classes=vocab_size, pad_id=PAD_ID)
 
     def build_split(self, split: Split) -> Sequences:
         inputs, labels = generate_mqar(
@@ -164,6 +151,4 @@ class AssociativeRecallDataModule(ZooDataModule):
             seed=derive_seed(self.seed, "mqar", split),
             kv_placement=self.kv_placement,
         )
-        offsets = torch.arange(0, inputs.numel() + 1, self.seq_len, dtype=torch.int64)
-        flat_inputs, flat_labels = (rearrange(t, "b n -> (b n)").to(torch.int32) for t in (inputs, labels))
-        return Sequences(flat_inputs, offsets, flat_labels)
+        return Sequences.from_rows(inputs, labels)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import codecs
 import csv
-import hashlib
 import io
 import json
 import math
@@ -45,15 +44,8 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from tasks.data.base import SPLITS, DataError, Sequences, Split, ZooDataModule, cache_file, derive_seed
-from tasks.data.tokenize import (
-    CLS_ID,
-    PAD_ID,
-    TokenizerKind,
-    file_digest,
-    resolve_tokenizer,
-    tokenizer_capacity,
-)
+from tasks.data.base import SPLITS, DataError, Sequences, Split, derive_seed
+from tasks.data.tokenize import CLS_ID, PAD_ID, TokenizedDataModule, TokenizerKind, file_digest
 
 Truncation = Literal["error", "keep_head", "keep_tail"]
 EmptyText = Literal["error", "skip"]
@@ -225,7 +217,7 @@ def _sorted_labels(labels: set[str]) -> list[str]:
     return sorted(labels, key=int) if all(is_int(label) for label in labels) else sorted(labels)
 
 
-class TextClassificationDataModule(ZooDataModule):
+class TextClassificationDataModule(TokenizedDataModule):
     """Sequence classification of text from local files (or, optionally, Hugging Face ``datasets``).
 
     ``vocab_size`` is 260 for ``byte``, ``tokenizer_vocab_size`` for a tokenizer trained here (every id
@@ -305,8 +297,7 @@ class TextClassificationDataModule(ZooDataModule):
             raise ValueError("val_file and test_file need train_file")
         if truncation not in ("error", "keep_head", "keep_tail"):
             raise ValueError(f"truncation must be one of 'error', 'keep_head', 'keep_tail'; got {truncation!r}")
-        if tokenizer not in ("byte", "bpe", "wordpiece"):
-            raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
+        self.use_tokenizer(tokenizer, tokenizer_vocab_size, tokenizer_file)
         if empty_text not in ("error", "skip"):
             raise ValueError(f"empty_text must be 'error' or 'skip'; got {empty_text!r}")
         try:
@@ -332,7 +323,6 @@ class TextClassificationDataModule(ZooDataModule):
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
         self.truncation = truncation
-        self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file = tokenizer, tokenizer_vocab_size, tokenizer_file
         self.prepend_cls = prepend_cls
         self.encoding, self.empty_text = encoding, empty_text
         self._raw: dict[Split, list[Record] | None] = {}  # texts of each source, dropped after setup
@@ -346,9 +336,12 @@ class TextClassificationDataModule(ZooDataModule):
         if len(self.label_names) < 2 or len(set(self.label_names)) != len(self.label_names):
             raise ValueError(f"need at least 2 distinct labels, got {self.label_names}")
         self.label_to_id = {name: i for i, name in enumerate(self.label_names)}
-        self.vocab_size = tokenizer_capacity(tokenizer, tokenizer_vocab_size, tokenizer_file)
-        self.max_seq_len = max_seq_len
-        self.num_classes = len(self.label_names)
+        self.expose(
+            vocab_size=self.tokenizer_capacity(),
+            max_seq_len=max_seq_len,
+            num_classes=len(self.label_names),
+            pad_id=PAD_ID,
+        )
         # before training: a label set that a malformed file or a wrong column produced shows here at once
         source = self.data_dir or self.files.get("train") or self.hf_dataset
         shown = ", ".join(self.label_names[:LABELS_SHOWN])
@@ -356,7 +349,6 @@ class TextClassificationDataModule(ZooDataModule):
         rank_zero_info(
             f"text classification from {str(source)!r}: {self.num_classes} classes (ids in order: {shown}{more})"
         )
-        self.pad_id = PAD_ID
         self.cls_id = CLS_ID
 
     # ---- reading -------------------------------------------------------------------------------------
@@ -467,7 +459,7 @@ class TextClassificationDataModule(ZooDataModule):
         return chosen
 
     # ---- tokenising ----------------------------------------------------------------------------------
-    def _split_params(self) -> dict:
+    def source_params(self) -> dict:
         return {
             "source": self._source_fingerprint(),
             "text_column": self.text_column,
@@ -479,37 +471,16 @@ class TextClassificationDataModule(ZooDataModule):
             "seed": self.seed,
         }
 
-    @property
-    def tokenizer_path(self) -> Path | None:
-        """Where the tokenizer trained here is saved; None for ``byte`` or a given ``tokenizer_file``."""
-        if self.tokenizer == "byte" or self.tokenizer_file is not None:
-            return None
-        params = self._split_params() | {"kind": self.tokenizer, "vocab_size": self.tokenizer_vocab_size}
-        return cache_file(self.cache_dir, self.cache_name, "tokenizer", params).with_suffix(".json")
+    def training_texts(self) -> list[str]:
+        return [text for text, _ in self.records("train")]
 
     def cache_params(self) -> dict:
-        tokenizer_file_digest = None
-        if self.tokenizer_file is not None:
-            tokenizer_file_digest = hashlib.sha256(Path(self.tokenizer_file).read_bytes()).hexdigest()
-        return self._split_params() | {
-            "labels": self.label_names,
-            "max_seq_len": self.max_seq_len,
-            "truncation": self.truncation,
-            "tokenizer": self.tokenizer,
-            "tokenizer_vocab_size": self.tokenizer_vocab_size,
-            "tokenizer_file": tokenizer_file_digest,
-            "prepend_cls": self.prepend_cls,
-        }
+        own = {"labels": self.label_names, "truncation": self.truncation, "prepend_cls": self.prepend_cls}
+        return super().cache_params() | own
 
     def build_split(self, split: Split) -> Sequences:
         records = self.records(split)
-        tokenizer = resolve_tokenizer(
-            self.tokenizer,
-            vocab_size=self.tokenizer_vocab_size,
-            tokenizer_file=self.tokenizer_file,
-            trained_path=self.tokenizer_path,
-            texts=lambda: [text for text, _ in self.records("train")],
-        )
+        tokenizer = self.text_tokenizer()
         labels = []
         for text, label in records:
             if label not in self.label_to_id:
@@ -536,21 +507,11 @@ class TextClassificationDataModule(ZooDataModule):
             sequences.append(torch.cat([torch.tensor([CLS_ID]), ids]) if self.prepend_cls else ids)
         return Sequences.from_tensors(sequences, torch.tensor(labels, dtype=torch.int64), truncated)
 
-    def load_split(self, split: Split) -> Sequences:
-        fresh = split not in self.splits
-        data = super().load_split(split)
-        if fresh and data.truncated:
-            warnings.warn(
-                f"{data.truncated} of {len(data)} {split} texts are longer than max_seq_len={self.max_seq_len} "
-                f"tokens and were truncated (truncation={self.truncation!r})",
-                stacklevel=2,
-            )
-        return data
+    def truncation_warning(self, split: Split, data: Sequences) -> str:
+        return (
+            f"{data.truncated} of {len(data)} {split} texts are longer than max_seq_len={self.max_seq_len} "
+            f"tokens and were truncated (truncation={self.truncation!r})"
+        )
 
-    def prepare_data(self) -> None:
-        super().prepare_data()
-        self._raw, self._hf_data = {}, None  # the raw texts are only needed while building
-
-    def setup(self, stage: str | None = None) -> None:
-        super().setup(stage)
+    def release_sources(self) -> None:
         self._raw, self._hf_data = {}, None

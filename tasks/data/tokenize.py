@@ -1,4 +1,5 @@
-"""Tokenizers shared by the text-classification and MLM data modules.
+"""Tokenizers shared by the text-classification and MLM data modules, and their shared base
+(:class:`TokenizedDataModule`).
 
 Special tokens sit at the same ids in every tokenizer (``<pad>`` 0, ``<cls>`` 1, ``<mask>`` 2,
 ``<unk>`` 3):
@@ -27,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from tasks.data.base import DataError, write_atomically
+from tasks.data.base import DataError, ZooDataModule, cache_file, write_atomically
 
 SPECIAL_TOKENS = ("<pad>", "<cls>", "<mask>", "<unk>")
 PAD_ID, CLS_ID, MASK_ID, UNK_ID = range(len(SPECIAL_TOKENS))
@@ -186,3 +187,75 @@ def file_digest(paths: Sequence[Path], root: Path | None = None) -> str:
         name = path.relative_to(root) if root is not None else path.resolve()
         digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()
+
+
+class TokenizedDataModule(ZooDataModule):
+    """Base of the data modules that tokenise local text (classification, MLM): the tokenizer options, the
+    tokenizer itself (trained on the training texts and saved next to the cache, or read from
+    ``tokenizer_file``), its part of the cache key, and the raw texts dropped once the splits are built.
+
+    A subclass declares ``tokenizer``, ``tokenizer_vocab_size`` and ``tokenizer_file`` in its own signature
+    and hands them to :meth:`use_tokenizer`; it implements :meth:`source_params` (what defines the texts),
+    :meth:`training_texts` and :meth:`release_sources`, and adds its own entries to :meth:`cache_params`.
+    """
+
+    def use_tokenizer(self, tokenizer: TokenizerKind, tokenizer_vocab_size: int, tokenizer_file: str | None) -> None:
+        """Check and keep the tokenizer options; :meth:`tokenizer_capacity` then gives the vocabulary size."""
+        if tokenizer not in ("byte", "bpe", "wordpiece"):
+            raise ValueError(f"tokenizer must be one of 'byte', 'bpe', 'wordpiece'; got {tokenizer!r}")
+        self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file = tokenizer, tokenizer_vocab_size, tokenizer_file
+        self._text_tokenizer: TextTokenizer | None = None
+
+    def tokenizer_capacity(self) -> int:
+        """The model's vocabulary size, known before any tokenizer is trained (:func:`tokenizer_capacity`)."""
+        return tokenizer_capacity(self.tokenizer, self.tokenizer_vocab_size, self.tokenizer_file)
+
+    def source_params(self) -> dict:
+        """JSON-serialisable parameters that define the texts of every split (the tokenizer's cache key)."""
+        raise NotImplementedError
+
+    def training_texts(self) -> list[str]:
+        """The texts a tokenizer is trained on: the training split's."""
+        raise NotImplementedError
+
+    def release_sources(self) -> None:
+        """Drop the raw texts, needed only while the splits are built (after ``prepare_data`` and ``setup``)."""
+
+    @property
+    def tokenizer_path(self) -> Path | None:
+        """Where the tokenizer trained here is saved; None for ``byte`` or a given ``tokenizer_file``."""
+        if self.tokenizer == "byte" or self.tokenizer_file is not None:
+            return None
+        params = self.source_params() | {"kind": self.tokenizer, "vocab_size": self.tokenizer_vocab_size}
+        return cache_file(self.cache_dir, self.cache_name, "tokenizer", params).with_suffix(".json")
+
+    def text_tokenizer(self) -> TextTokenizer:
+        """The tokenizer: bytes, the one in ``tokenizer_file``, or one trained on :meth:`training_texts`."""
+        if self._text_tokenizer is None:
+            self._text_tokenizer = resolve_tokenizer(
+                self.tokenizer,
+                vocab_size=self.tokenizer_vocab_size,
+                tokenizer_file=self.tokenizer_file,
+                trained_path=self.tokenizer_path,
+                texts=self.training_texts,
+            )
+        return self._text_tokenizer
+
+    def cache_params(self) -> dict:
+        tokenizer_file_digest = None
+        if self.tokenizer_file is not None:
+            tokenizer_file_digest = hashlib.sha256(Path(self.tokenizer_file).read_bytes()).hexdigest()
+        return self.source_params() | {
+            "max_seq_len": self.max_seq_len,
+            "tokenizer": self.tokenizer,
+            "tokenizer_vocab_size": self.tokenizer_vocab_size,
+            "tokenizer_file": tokenizer_file_digest,
+        }
+
+    def prepare_data(self) -> None:
+        super().prepare_data()
+        self.release_sources()
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        self.release_sources()

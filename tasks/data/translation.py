@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -210,10 +209,9 @@ class TranslationDataModule(ZooDataModule):
         self.source, self.source_lang, self.target_lang = source, source_lang, target_lang
         self.bpe_vocab_size, self.overlong = bpe_vocab_size, overlong
         self.max_source_len, self.max_target_len = max_source_len, max_target_len
-        self.vocab_size = bpe_vocab_size
-        self.max_seq_len = max(max_source_len, max_target_len)
-        self.num_classes = bpe_vocab_size
-        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        max_seq_len = max(max_source_len, max_target_len)
+        self.expose(vocab_size=bpe_vocab_size, max_seq_len=max_seq_len, num_classes=bpe_vocab_size, pad_id=PAD_ID)
+        self.bos_id, self.eos_id = BOS_ID, EOS_ID
         self._corpus: dict | None = None
         self._tokenizer: TextTokenizer | None = None
 
@@ -274,16 +272,11 @@ class TranslationDataModule(ZooDataModule):
         index = torch.tensor([i for i in kept for _ in range(2)], dtype=torch.int64)
         return Sequences.from_tensors(sequences, index, truncated=len(overlong))
 
-    def load_split(self, split: Split) -> Sequences:
-        fresh = split not in self.splits
-        data = super().load_split(split)
-        if fresh and data.truncated:
-            warnings.warn(
-                f"dropped {data.truncated} of {data.truncated + len(data) // 2} {split} pairs longer than "
-                f"max_source_len={self.max_source_len} / max_target_len={self.max_target_len} tokens (overlong='drop')",
-                stacklevel=2,
-            )
-        return data
+    def truncation_warning(self, split: Split, data: Sequences) -> str:
+        return (
+            f"dropped {data.truncated} of {data.truncated + len(data) // 2} {split} pairs longer than "
+            f"max_source_len={self.max_source_len} / max_target_len={self.max_target_len} tokens (overlong='drop')"
+        )
 
     # ---- what the task uses -----------------------------------------------------------------------------
     def decode(self, ids: Tensor | list[int]) -> str:

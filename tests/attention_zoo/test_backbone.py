@@ -4,7 +4,6 @@ import pytest
 import torch
 
 import attention_zoo as az
-from attention_zoo import registry
 from attention_zoo.core import AttentionCore
 from attention_zoo.masks import pad_mask
 
@@ -57,8 +56,7 @@ def test_decoder_is_causal_and_uses_memory():
     assert not torch.allclose(model(tokens, memory + 1.0, memory_mask=memory_mask), out)
 
 
-def test_multihead_validates_capabilities(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+def test_multihead_validates_capabilities(scratch_registry):
 
     @az.register_attention("no_causal_no_cross")
     class Limited(AttentionCore):
@@ -74,8 +72,7 @@ def test_multihead_validates_capabilities(monkeypatch):
         az.TransformerDecoder(vocab_size=10, dim=16, depth=1, heads=2, max_seq_len=8, attention="no_causal_no_cross")
 
 
-def test_shared_qk_cores_get_one_projection(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+def test_shared_qk_cores_get_one_projection(scratch_registry):
 
     @az.register_attention("shared_qk_probe")
     class SharedQK(AttentionCore):

@@ -121,6 +121,8 @@ def test_padding_invariance(case, n, causal):
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_no_future_leakage_when_causal(case, n):
+    """A causal output depends on the positions up to it only: not on later content (a leak) and not on how
+    long the whole sequence is (its prefix alone gives the same outputs)."""
     name, options = case
     if not supports(name, "supports_causal"):
         pytest.skip("not causal (see test_unsupported_causal_raises)")
@@ -131,6 +133,8 @@ def test_no_future_leakage_when_causal(case, n):
         future = torch.arange(n)[None, :].expand(2, n) >= cut
         out2 = core(*perturbed(core, q, k, v, future, seed=cut), causal=True)
         torch.testing.assert_close(out2[:, :, :cut], out[:, :, :cut], **EXACT, msg=f"leak into positions < {cut}")
+        prefix = core(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], causal=True)
+        torch.testing.assert_close(prefix, out[:, :, :cut], **EXACT, msg=f"prefix of length {cut}")
 
 
 def test_unsupported_causal_raises(case):
@@ -200,21 +204,6 @@ def test_non_finite_padding_never_reaches_real_outputs(case, fill):
         out2 = core(*poisoned, mask=mask, causal=causal)
         for b, length in enumerate(lengths.tolist()):
             torch.testing.assert_close(out2[b, :, :length], out[b, :, :length], **EXACT)
-
-
-@pytest.mark.parametrize("n", LENGTHS)
-def test_causal_prefix_gives_the_same_outputs(case, n):
-    """A causal output depends on the positions up to it only: not on later content (the leak test) and
-    not on how long the whole sequence is."""
-    name, options = case
-    if not supports(name, "supports_causal"):
-        pytest.skip("not causal")
-    core = build(name, options)
-    q, k, v = qkv(core, 2, n)
-    out = core(q, k, v, causal=True)
-    for cut in sorted({1, n // 3, n // 2, n - 1}):
-        prefix = core(q[:, :, :cut], k[:, :, :cut], v[:, :, :cut], causal=True)
-        torch.testing.assert_close(prefix, out[:, :, :cut], **EXACT, msg=f"prefix of length {cut}")
 
 
 @pytest.mark.parametrize("chunk", [1, 3])

@@ -89,7 +89,7 @@ def test_sdpa_dropout_refuses_double_backward_in_one_error():
 def test_math_backend_exposes_probabilities():
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, 7, 4, dtype=torch.float64), torch.randn(2, 3, 7, 4, dtype=torch.float64)
-    core = az.get_attention_class("full")(dim_head=4, heads=3, backend="math")
+    core = az.get_attention_class("full")(az.Geometry(dim_head=4, heads=3), backend="math")
     probs = core.attention_probs(q, k, causal=True)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 3, 7, dtype=torch.float64))
     assert torch.equal(probs.triu(1), torch.zeros_like(probs))

@@ -10,25 +10,28 @@ the own block and the chosen blocks (real keys only; j <= i when causal).
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 import torch
 from rich.console import Console
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
 from experiments.bench import targets
 from experiments.bench.flops import FORMULAS
+from tests.attention_zoo.allocations import LargestOutput
 
 TIGHT = dict(rtol=0.0, atol=1e-10)  # float64, exact up to summation order
 HEADS, DIM_HEAD = 2, 8
 
 
-def make(block_size: int, top_k: int, dtype: torch.dtype = torch.float64, dim_head: int = DIM_HEAD) -> az.AttentionCore:
-    return az.create_attention("moba", dim_head=dim_head, heads=HEADS, block_size=block_size, top_k=top_k).to(dtype)
+def make(
+    block_size: int, top_k: int, dtype: torch.dtype = torch.float64, dim_head: int = DIM_HEAD, impl: str = "tiled"
+) -> az.AttentionCore:
+    core = az.create_attention("moba", dim_head=dim_head, heads=HEADS, block_size=block_size, top_k=top_k, impl=impl)
+    return core.to(dtype)
 
 
 def inputs(b: int, n: int, seed: int = 0, dim: int = DIM_HEAD) -> tuple[Tensor, Tensor, Tensor]:
@@ -82,12 +85,13 @@ def mask_with_an_empty_block(n: int, block_size: int) -> Tensor:
 CONFIGS = [(4, 2), (8, 1), (5, 3), (3, 0), (6, 1)]
 
 
+@pytest.mark.parametrize("impl", ["tiled", "dense"])
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 @pytest.mark.parametrize("padded", [False, True], ids=["no-mask", "mask"])
 @pytest.mark.parametrize(("block_size", "top_k"), CONFIGS)
 @pytest.mark.parametrize("n", [17, 40])
-def test_matches_the_reference(n, block_size, top_k, padded, causal):
-    core = make(block_size, top_k)
+def test_matches_the_reference(n, block_size, top_k, padded, causal, impl):
+    core = make(block_size, top_k, impl=impl)
     q, k, v = inputs(3, n)
     mask = mask_with_an_empty_block(n, block_size) if padded else None
     out = core(q, k, v, mask=mask, causal=causal)
@@ -118,11 +122,12 @@ def test_the_attention_weights_are_the_selection():
             assert (seen == (top_k + 1) * block_size).all(), "own block + top_k blocks, not all 6"
 
 
+@pytest.mark.parametrize("impl", ["tiled", "dense"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_match_the_reference(causal):
+def test_gradients_match_the_reference(causal, impl):
     """The selection is piecewise constant: the gradient is the one of softmax attention over the selected keys."""
     n, block_size, top_k = 21, 4, 2
-    core = make(block_size, top_k)
+    core = make(block_size, top_k, impl=impl)
     mask = pad_mask(torch.tensor([21, 15]), n)
     grads = []
     for attention in (lambda *t: core(*t, mask=mask, causal=causal), lambda *t: reference_moba(*t, mask, causal, 4, 2)):
@@ -221,23 +226,8 @@ def test_options_are_checked():
         make(0, 2)
     with pytest.raises(ValueError, match="top_k must be an int >= 0"):
         make(4, -1)
-
-
-class LargestStorage(TorchDispatchMode):
-    """Records the largest storage (in elements) any operation returns; expanded views count once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements = 0
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.add(func.overloadpacket.__name__)
-        for t in tree_leaves(out):
-            if isinstance(t, Tensor) and t.device.type != "meta":
-                self.elements = max(self.elements, t.untyped_storage().nbytes() // t.element_size())
-        return out
+    with pytest.raises(ValueError, match=re.escape("option impl='flex' is not a valid 'tiled' | 'dense'")):
+        make(4, 2, impl="flex")
 
 
 def test_memory_grows_linearly_not_as_n_squared():
@@ -246,7 +236,7 @@ def test_memory_grows_linearly_not_as_n_squared():
     for n in (1024, 2048):
         core = make(16, 2)
         q, k, v = (t.requires_grad_(True) for t in inputs(1, n))
-        with LargestStorage() as probe:
+        with LargestOutput() as probe:
             core(q, k, v, mask=pad_mask(torch.tensor([n - 9]), n), causal=True).sum().backward()
         assert "index_add_" in probe.ops, "the probe saw the backward"
         assert probe.elements < n * n / 4

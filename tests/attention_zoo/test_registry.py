@@ -6,7 +6,7 @@ import pytest
 
 import attention_zoo as az
 from attention_zoo import registry
-from attention_zoo.core import AttentionCore
+from attention_zoo.core import AttentionCore, Geometry
 
 
 def test_full_is_registered():
@@ -54,11 +54,6 @@ def test_literal_and_type_checks():
     assert az.create_attention("full", dim_head=8, heads=2, dropout=0).dropout == 0
 
 
-@pytest.fixture
-def scratch_registry(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-
-
 def test_duplicate_registration_is_an_error(scratch_registry):
     with pytest.raises(ValueError, match="already registered"):
         az.register_attention("full")(type("Again", (AttentionCore,), {}))
@@ -68,11 +63,27 @@ def test_options_must_be_keyword_only(scratch_registry):
     class Positional(AttentionCore):
         approximation = "none"
 
-        def __init__(self, window, *, dim_head, heads, max_seq_len=None, context=None):
-            super().__init__(dim_head=dim_head, heads=heads)
+        def __init__(self, geometry, window, *, mode="a"):
+            super().__init__(geometry)
 
     with pytest.raises(TypeError, match="keyword-only"):
         az.register_attention("positional_option")(Positional)
+
+
+def test_geometry_is_not_an_option(scratch_registry):
+    class OldStyle(AttentionCore):  # re-declares the geometry as keywords instead of taking a Geometry
+        approximation = "none"
+
+        def __init__(self, *, dim_head: int, heads: int, window: int = 4) -> None:
+            super().__init__(Geometry(dim_head, heads))
+
+    with pytest.raises(TypeError, match="'dim_head' is part of the Geometry"):
+        az.register_attention("old_style")(OldStyle)
+    assert [s.name for s in az.attention_options(az.get_attention_class("full"))] == ["backend", "dropout"]
+    with pytest.raises(TypeError, match="must be a Geometry"):
+        az.get_attention_class("full")(8)
+    core = az.create_attention("full", dim_head=8, heads=2, max_seq_len=16)
+    assert (core.dim_head, core.heads, core.max_seq_len, core.scale) == (8, 2, 16, 8**-0.5)
 
 
 def test_required_option_and_container_types(scratch_registry):
@@ -81,17 +92,9 @@ def test_required_option_and_container_types(scratch_registry):
         approximation = "none"
 
         def __init__(
-            self,
-            *,
-            dim_head: int,
-            heads: int,
-            max_seq_len: int | None = None,
-            context=None,
-            window: int,
-            sizes: list[int] | int = 4,
-            mode: Literal["a", "b"] = "a",
+            self, geometry: Geometry, *, window: int, sizes: list[int] | int = 4, mode: Literal["a", "b"] = "a"
         ) -> None:
-            super().__init__(dim_head=dim_head, heads=heads, max_seq_len=max_seq_len, context=context)
+            super().__init__(geometry)
 
     with pytest.raises(ValueError, match="needs option"):
         az.create_attention("needs_window", dim_head=8, heads=2)

@@ -12,8 +12,6 @@ import pytest
 import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_mask
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
@@ -34,6 +32,7 @@ from attention_zoo.sparse_patterns import (
     generate_strided,
     generate_strided_columns,
 )
+from tests.attention_zoo.allocations import LargestOutput
 
 TIGHT = dict(rtol=0.0, atol=1e-10)  # float64, exact up to summation order
 HEADS, DIM_HEAD = 2, 8
@@ -372,21 +371,6 @@ def test_cross_attention_is_refused():
         make("local", {"window": 8})(q, k, v)
 
 
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any operation returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.numel = 0
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.ops.add(func.overloadpacket.__name__)
-        self.numel = max([self.numel] + [t.numel() for t in tree_leaves(out) if isinstance(t, Tensor)])
-        return out
-
-
 @pytest.mark.parametrize(
     ("name", "options", "keys_per_query"),
     [
@@ -400,11 +384,11 @@ def test_blocked_path_memory_is_linear_in_n(name, options, keys_per_query):
     core = make(name, options)
     q, k, v = (t.requires_grad_(True) for t in inputs(1, n))
     core(q, k, v)  # the layout is built (and cached) once per length
-    with LargestTensor() as probe:
+    with LargestOutput() as probe:
         core(q, k, v, mask=pad_mask(torch.tensor([500]), n)).sum().backward()
     assert "index_add_" in probe.ops, "the probe saw the backward"
     assert probe.numel <= HEADS * n * keys_per_query < n * n
-    with LargestTensor() as dense:
+    with LargestOutput() as dense:
         make(name, options, impl="dense")(q, k, v)
     assert dense.numel >= HEADS * n * n, "the probe sees an n x n tensor where there is one"
 

@@ -23,7 +23,8 @@ from torch import Tensor
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
 from attention_zoo.sparse_patterns import dense_mask
-from tests.attention_zoo.test_sparse import LargestTensor, reference_allowed
+from tests.attention_zoo.allocations import LargestOutput
+from tests.attention_zoo.test_sparse import reference_allowed
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -99,7 +100,7 @@ def test_the_one_rule_is_pointwise_and_the_pattern(name, options, n, causal):
     rule = core.pattern.rule(n, causal, torch.device("cpu"))
     zero, positions = torch.zeros((), dtype=torch.long), torch.arange(n)
     rows, columns = positions[:, None], positions[None, :]
-    with LargestTensor() as probe:
+    with LargestOutput() as probe:
         rule(zero, zero, rows, columns)
     assert probe.ops <= POINTWISE_OPS, f"not pointwise: {sorted(probe.ops - POINTWISE_OPS)}"
     kind = options.get("pattern", name)

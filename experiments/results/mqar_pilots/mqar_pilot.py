@@ -20,31 +20,15 @@ from attention_zoo.init import init_linear_
 from attention_zoo.transformer import TransformerEncoder
 from tasks.data.recall import generate_mqar
 
+#: every option and its default; the type is the default's (a string default takes any string)
+OPTIONS = dict(
+    n=128, pairs=8, vocab=128, power_a=1.0, placement="random", dim=64, depth=2, heads=2, lr=3e-3, wd=0.01,
+    batch=32, steps=1000, warmup=50, eval=100, pos="learned", causal=0, attn="full", opts="", emb_std=0.0, seed=0,
+    ff=2, train=40000, sched="cosine", conv=0
+)  # fmt: skip
 p = argparse.ArgumentParser()
-p.add_argument("--n", type=int, default=128)
-p.add_argument("--pairs", type=int, default=8)
-p.add_argument("--vocab", type=int, default=128)
-p.add_argument("--power_a", type=float, default=1.0)
-p.add_argument("--placement", default="random")
-p.add_argument("--dim", type=int, default=64)
-p.add_argument("--depth", type=int, default=2)
-p.add_argument("--heads", type=int, default=2)
-p.add_argument("--lr", type=float, default=3e-3)
-p.add_argument("--wd", type=float, default=0.01)
-p.add_argument("--batch", type=int, default=32)
-p.add_argument("--steps", type=int, default=1000)
-p.add_argument("--warmup", type=int, default=50)
-p.add_argument("--eval", type=int, default=100)
-p.add_argument("--pos", default="learned")
-p.add_argument("--causal", type=int, default=0)
-p.add_argument("--attn", default="full")
-p.add_argument("--opts", default="")
-p.add_argument("--emb_std", type=float, default=0.0)
-p.add_argument("--seed", type=int, default=0)
-p.add_argument("--ff", type=int, default=2)
-p.add_argument("--train", type=int, default=40000)
-p.add_argument("--sched", default="cosine")
-p.add_argument("--conv", type=int, default=0)
+for name, default in OPTIONS.items():
+    p.add_argument(f"--{name}", type=type(default), default=default)
 a = p.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(a.seed)
