@@ -17,6 +17,35 @@ for the cache key, reads the chosen source and hands the pairs to :func:`assembl
 - ``eval_sources_in_train`` counts val/test sources also found in train: 0 when carved; given files
   (WMT's newstest against its training data) are reported, not filtered.
 
+Near-duplicates (``split_by``, ``dedupe_normalised``). :func:`normalise_source` maps a source to a key:
+printf-style and brace format specifiers removed (``%s``, ``%d``, ``%1$s``, ``%(name)s``, ``{0}``, ``{name}``,
+``${name}``), case folded, and every character that is not a letter or a digit (punctuation, whitespace, the
+quotes around ``'%s'``) removed, so "cannot chdir to '%s'" and "Cannot chdir to %s." are one key. The summary's
+``normalised_sources`` counts the pairs, their distinct sources, the distinct keys and ``merged`` (distinct
+sources that share a key with another: distinct sources - keys), and ``eval_normalised_in_train`` the val/test
+messages whose key is also in train (the near-duplicate leak). ``split_by``:
+
+- ``"source"`` (default, the behaviour of every earlier corpus): carve by the hash of the source string; pairs
+  that differ only in case, punctuation or a format specifier can fall in different splits;
+- ``"normalised"``: carve by the hash of the key, so all pairs of one key go to one split;
+- ``"catalog"`` (``gettext`` only): carve by the hash of the catalog's file name, so one program's messages
+  stay together; fractions are then shares of catalogs, not of pairs.
+
+``dedupe_normalised=True`` keeps one pair per key (the first in hash order of the source) in each split's pool
+before carving, counted in ``dropped`` as ``normalised_duplicate``. Both apply to the pools that are carved;
+val/test read from their own files are kept as they are and reported.
+
+Pseudo-documents (``messages_per_document`` = m > 1). After the split (so no message of a test document is
+in a training one), the messages of each split are grouped by catalog (``gettext``; ``synthetic``: one group),
+put in a seeded order within their catalog (by the hash of the seed and the source: independent of reading
+order and of the other catalogs), and every m consecutive messages are joined with a space into one source, their
+translations joined in the same order into its target; a catalog's last document holds the rest (1 to m
+messages, counted as ``shorter``). This is an artificial construction: catalogs keep no source order (a
+``.mo`` file is sorted by msgid), so a document is not a text anyone wrote. It still tests what the
+compressed-attention experiment needs: inputs m times as long as a message, from one program's vocabulary, and
+an alignment that runs monotonically across the whole sequence (message i of the source is message i of the
+target), which a low-rank projection of the keys must keep. ``train_size`` then counts documents.
+
 The result is cached as JSON (pairs per split and the counts), keyed by :meth:`CorpusSpec.params`.
 """
 
@@ -26,6 +55,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import re
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -34,14 +64,24 @@ from pathlib import Path
 from typing import Literal
 
 from tasks.data.base import SPLITS, Split, derive_seed, write_atomically
-from tasks.data.gettext_corpus import catalog_paths, missing_catalogs_message, normalise_whitespace, read_gettext_pairs
+from tasks.data.gettext_corpus import (
+    PLACEHOLDER,
+    catalog_paths,
+    missing_catalogs_message,
+    normalise_whitespace,
+    read_gettext_pairs_with_catalogs,
+)
 from tasks.data.parallel_text import data_files, read_hf_pairs, read_pairs
 from tasks.data.synthetic_translation import synthetic_pairs
 from tasks.data.tokenize import file_digest
 
 Source = Literal["gettext", "files", "hf", "synthetic"]
+SplitBy = Literal["source", "normalised", "catalog"]
 Pair = tuple[str, str]
 CORPUS_FORMAT = 1  # bump when reading, filtering or splitting changes
+SPLIT_BY = ("source", "normalised", "catalog")
+GROUPED_SOURCES = {"gettext": "by catalog", "synthetic": "one group"}  # sources that can form pseudo-documents
+NOT_WORD = re.compile(r"[\W_]+")
 SOURCE_OPTIONS = {
     "gettext": (),
     "files": ("train_data", "val_data", "test_data"),
@@ -69,41 +109,123 @@ def clean_pairs(pairs: list[Pair], dropped: Counter, normalised: Counter) -> lis
     return kept
 
 
-def carve(pairs: list[Pair], fractions: dict[Split, float]) -> dict[Split, list[Pair]]:
-    """``pairs`` split by :func:`source_hash` into test (lowest), val, then train, each in hash order."""
+def normalise_source(source: str) -> str:
+    """The near-duplicate key of a source: format specifiers removed, case folded, only letters and digits kept."""
+    return NOT_WORD.sub("", PLACEHOLDER.sub("", source).casefold())
+
+
+def carve(
+    pairs: list[Pair], fractions: dict[Split, float], key: Callable[[str], str] | None = None
+) -> dict[Split, list[Pair]]:
+    """``pairs`` split by :func:`source_hash` of ``key(source)`` (default: the source itself) into test (lowest),
+    val, then train, each in hash order."""
+    key = key or (lambda source: source)
     carved: dict[Split, list[Pair]] = {"train": [], "val": [], "test": []}
-    for pair in sorted(pairs, key=lambda pair: (source_hash(pair[0]), pair)):
-        u = source_hash(pair[0])
+    for pair in sorted(pairs, key=lambda pair: (source_hash(key(pair[0])), pair)):
+        u = source_hash(key(pair[0]))
         split = "test" if u < fractions["test"] else "val" if u < fractions["test"] + fractions["val"] else "train"
         carved[split].append(pair)
     return carved
 
 
+def dedupe_normalised_sources(pairs: list[Pair]) -> list[Pair]:
+    """One pair per :func:`normalise_source` key: the first in hash order of the source."""
+    kept: dict[str, Pair] = {}
+    for pair in sorted(pairs, key=lambda pair: (source_hash(pair[0]), pair)):
+        kept.setdefault(normalise_source(pair[0]), pair)
+    return list(kept.values())
+
+
+def pseudo_documents(pairs: list[Pair], group_of: Callable[[str], str], size: int, seed: int) -> list[list[Pair]]:
+    """``pairs`` grouped by ``group_of(source)``, each group in a seeded order, cut into runs of ``size``
+    messages (a group's last run holds the rest); documents in hash order of their joined source."""
+    groups: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        groups.setdefault(group_of(pair[0]), []).append(pair)
+    documents = []
+    for name in sorted(groups):
+        members = sorted(groups[name], key=lambda pair: (source_hash(f"{seed}\x00{pair[0]}"), pair))
+        documents += [members[start : start + size] for start in range(0, len(members), size)]
+    return sorted(documents, key=lambda doc: (source_hash(join(doc)[0]), join(doc)))
+
+
+def join(messages: list[Pair]) -> Pair:
+    """One pseudo-document: the sources joined with a space, the targets joined in the same order."""
+    return " ".join(source for source, _ in messages), " ".join(target for _, target in messages)
+
+
 def assemble_splits(
-    own: dict[Split, list[Pair] | None], summary: dict, *, fractions: dict[str, float], train_size: int | None
+    own: dict[Split, list[Pair] | None],
+    summary: dict,
+    *,
+    fractions: dict[str, float],
+    train_size: int | None,
+    groups: dict[str, str] | None = None,
+    split_by: SplitBy = "source",
+    dedupe_normalised: bool = False,
+    messages_per_document: int = 1,
+    seed: int = 0,
 ) -> dict:
     """``{"splits": {split: pairs}, "summary": ...}`` from each split's own pairs (None: carve from train)
-    and the reader's summary, whose ``dropped`` and ``normalised`` counts are extended."""
+    and the reader's summary, whose ``dropped`` and ``normalised`` counts are extended. ``groups`` maps a
+    source to its catalog (None: one group); the other options are those of the module docstring."""
     dropped = Counter({"empty": 0} | summary.pop("dropped", {}))
     normalised = Counter({"whitespace": 0} | summary.pop("normalised", {}))
     cleaned = {split: clean_pairs(pairs, dropped, normalised) for split, pairs in own.items() if pairs is not None}
+    everything = [pair for pairs in cleaned.values() for pair in pairs]
+    distinct_sources = {source for source, _ in everything}
+    keys = {normalise_source(source) for source in distinct_sources}
+    if dedupe_normalised:
+        cleaned = {split: dedupe_normalised_sources(pairs) for split, pairs in cleaned.items()}
+        dropped["normalised_duplicate"] = len(everything) - sum(len(pairs) for pairs in cleaned.values())
+    group_of = (lambda source: groups[source]) if groups is not None else (lambda source: "all")
+    key = {"source": None, "normalised": normalise_source, "catalog": group_of}[split_by]
     splits = carve(
-        cleaned["train"], {split: 0.0 if split in cleaned else fractions[split] for split in ("val", "test")}
+        cleaned["train"], {split: 0.0 if split in cleaned else fractions[split] for split in ("val", "test")}, key
     )
     splits |= {split: cleaned[split] for split in ("val", "test") if split in cleaned}
-    if train_size is not None and len(splits["train"]) > train_size:
-        dropped["train_size"] = len(splits["train"]) - train_size
-        splits["train"] = splits["train"][:train_size]
-    for split, pairs in splits.items():
-        if not pairs:
+    documents = {
+        split: pseudo_documents(pairs, group_of, messages_per_document, seed)
+        if messages_per_document > 1
+        else [[pair] for pair in pairs]
+        for split, pairs in splits.items()
+    }
+    if train_size is not None and len(documents["train"]) > train_size:
+        dropped["train_size"] = len(documents["train"]) - train_size
+        documents["train"] = documents["train"][:train_size]
+    for split, docs in documents.items():
+        if not docs:
             raise ValueError(
                 f"the {split} split is empty ({len(cleaned['train'])} training pairs, val_fraction="
-                f"{fractions['val']}, test_fraction={fractions['test']}); give it data or a larger fraction"
+                f"{fractions['val']}, test_fraction={fractions['test']}, split_by={split_by!r}); give it data "
+                f"or a larger fraction"
             )
-    train_sources = {source for source, _ in splits["train"]}
-    overlap = {split: sum(source in train_sources for source, _ in splits[split]) for split in ("val", "test")}
+    messages = {split: [pair for doc in docs for pair in doc] for split, docs in documents.items()}
+    train_sources = {source for source, _ in messages["train"]}
+    train_keys = {normalise_source(source) for source in train_sources}
+    overlap = {split: sum(source in train_sources for source, _ in messages[split]) for split in ("val", "test")}
+    near = {
+        split: sum(normalise_source(source) in train_keys for source, _ in messages[split]) for split in ("val", "test")
+    }
     summary |= {"dropped": dict(dropped), "normalised": dict(normalised), "eval_sources_in_train": overlap}
-    return {"splits": {split: splits[split] for split in SPLITS}, "summary": summary}
+    summary |= {
+        "split_by": split_by,
+        "normalised_sources": {
+            "pairs": len(everything),
+            "distinct_sources": len(distinct_sources),
+            "keys": len(keys),
+            "merged": len(distinct_sources) - len(keys),
+        },
+        "eval_normalised_in_train": near,
+    }
+    if messages_per_document > 1:
+        summary["documents"] = {
+            "messages_per_document": messages_per_document,
+            "documents": {split: len(documents[split]) for split in SPLITS},
+            "messages": {split: len(messages[split]) for split in SPLITS},
+            "shorter": {split: sum(len(doc) < messages_per_document for doc in documents[split]) for split in SPLITS},
+        }
+    return {"splits": {split: [join(doc) for doc in documents[split]] for split in SPLITS}, "summary": summary}
 
 
 def load_or_build_corpus(path: Path, params: dict, build: Callable[[], dict]) -> dict:
@@ -142,6 +264,9 @@ class CorpusSpec:
     seed: int
     fractions: dict[str, float]
     train_size: int | None
+    split_by: SplitBy = "source"
+    dedupe_normalised: bool = False
+    messages_per_document: int = 1
 
     def __post_init__(self) -> None:
         source, (val, test) = self.source, (self.fractions["val"], self.fractions["test"])
@@ -177,6 +302,21 @@ class CorpusSpec:
                 f"need synthetic_pairs >= 1 and synthetic_words >= 2; got {self.synthetic_pairs}, "
                 f"{self.synthetic_words}"
             )
+        if self.split_by not in SPLIT_BY:
+            raise ValueError(f"split_by must be one of {list(SPLIT_BY)}; got {self.split_by!r}")
+        if self.split_by == "catalog" and source != "gettext":
+            raise ValueError(
+                f"split_by='catalog' needs catalogs: source='gettext' only; got source={source!r} "
+                f"(use split_by='source' or 'normalised')"
+            )
+        if not isinstance(self.messages_per_document, int) or self.messages_per_document < 1:
+            raise ValueError(f"messages_per_document must be an int >= 1, got {self.messages_per_document!r}")
+        if self.messages_per_document > 1 and source not in GROUPED_SOURCES:
+            allowed = ", ".join(f"{name!r} ({how})" for name, how in GROUPED_SOURCES.items())
+            raise ValueError(
+                f"messages_per_document={self.messages_per_document} joins messages of one catalog, which "
+                f"source={source!r} does not have; allowed with source {allowed}, or messages_per_document=1"
+            )
         if source == "hf" and importlib.util.find_spec("datasets") is None:
             raise ImportError(
                 f"source='hf' (hf_dataset={self.hf_dataset!r}) needs the Hugging Face `datasets` package: "
@@ -193,6 +333,8 @@ class CorpusSpec:
         """Everything that defines the pairs of every split, including a fingerprint of the source files."""
         params = {"format": CORPUS_FORMAT, "source": self.source, "langs": [self.source_lang, self.target_lang]}
         params |= {"fractions": self.fractions, "train_size": self.train_size}
+        params |= {"split_by": self.split_by, "dedupe_normalised": self.dedupe_normalised}
+        params |= {"documents": [self.messages_per_document, self.seed if self.messages_per_document > 1 else None]}
         if self.source == "gettext":
             return params | {"catalogs": file_digest(catalog_paths(self.locale_dir, self.target_lang), self.locale_dir)}
         if self.source == "synthetic":
@@ -210,24 +352,36 @@ class CorpusSpec:
 
     def read(self) -> tuple[dict[Split, list[Pair] | None], dict]:
         """Each split's own pairs (None: carve it from train) and what the reader reports."""
+        return self.read_with_groups()[:2]
+
+    def read_with_groups(self) -> tuple[dict[Split, list[Pair] | None], dict, dict[str, str] | None]:
+        """:meth:`read`, plus each (whitespace-normalised) source's catalog for ``gettext`` (None otherwise)."""
         if self.source == "gettext":
-            pairs, summary = read_gettext_pairs(self.locale_dir, self.target_lang)
-            return {"train": pairs, "val": None, "test": None}, summary
+            pairs, catalogs, summary = read_gettext_pairs_with_catalogs(self.locale_dir, self.target_lang)
+            groups = {normalise_whitespace(source): name for (source, _), name in zip(pairs, catalogs, strict=True)}
+            return {"train": pairs, "val": None, "test": None}, summary, groups
         if self.source == "synthetic":
             seed = derive_seed(self.seed, "synthetic translation")
             pairs = synthetic_pairs(self.synthetic_pairs, words=self.synthetic_words, seed=seed)
-            return {"train": pairs, "val": None, "test": None}, {"origin": "synthetic"}
+            return {"train": pairs, "val": None, "test": None}, {"origin": "synthetic"}, None
         fields = {"source_field": self.source_field, "target_field": self.target_field}
         fields |= {"source_lang": self.source_lang, "target_lang": self.target_lang}
         if self.source == "files":
             own = {
                 split: None if path is None else read_pairs(path, **fields) for split, path in self.split_data.items()
             }
-            return own, {"origin": {split: path for split, path in self.split_data.items() if path is not None}}
+            return own, {"origin": {split: path for split, path in self.split_data.items() if path is not None}}, None
         own = read_hf_pairs(self.hf_dataset, self.hf_config, self.hf_data_files, **fields)
-        return own, {"origin": f"hf:{self.hf_dataset}" + (f"/{self.hf_config}" if self.hf_config else "")}
+        return own, {"origin": f"hf:{self.hf_dataset}" + (f"/{self.hf_config}" if self.hf_config else "")}, None
 
     def load(self, path: Path) -> dict:
         """The corpus cached at ``path``, or read, assembled and cached there."""
-        options = {"fractions": self.fractions, "train_size": self.train_size}
-        return load_or_build_corpus(path, self.params(), lambda: assemble_splits(*self.read(), **options))
+        options = {"fractions": self.fractions, "train_size": self.train_size, "split_by": self.split_by}
+        options |= {"dedupe_normalised": self.dedupe_normalised, "messages_per_document": self.messages_per_document}
+        options |= {"seed": derive_seed(self.seed, "pseudo-documents")}
+
+        def build() -> dict:
+            own, summary, groups = self.read_with_groups()
+            return assemble_splits(own, summary, groups=groups, **options)
+
+        return load_or_build_corpus(path, self.params(), build)

@@ -14,7 +14,13 @@ Sources (``source``), nothing downloaded at run time:
 
 Every source's pairs are cleaned and split the same way (:mod:`tasks.data.parallel_corpus`): whitespace
 normalised, empty pairs dropped, and a split without its own data carved from train by a hash of the
-source string, so that no source is in two splits.
+source string, so that no source is in two splits. Two options address what that leaves (both off by default,
+which keeps every earlier corpus as it was): ``split_by="normalised"`` carves by a near-duplicate key instead
+(case, punctuation, whitespace and format specifiers removed: "cannot chdir to '%s'" and "cannot chdir to %s"
+land in one split; ``"catalog"`` keeps one program's messages together), ``dedupe_normalised`` keeps one pair
+per key; ``corpus_summary()`` reports how many sources the key merged and how many val/test messages have a
+near-duplicate in train. ``messages_per_document`` joins m messages of one catalog into one pseudo-document
+pair, an artificial construction for long inputs (see :mod:`tasks.data.parallel_corpus` for both).
 
 Tokenisation: one byte-level BPE (``tokenizers``) for both languages, trained on the training split's
 sources and targets only, cached by its parameters; ``<pad>`` 0, ``<bos>`` 4, ``<eos>`` 5
@@ -57,7 +63,7 @@ from tasks.data.base import (
     epoch_and_index,
 )
 from tasks.data.gettext_corpus import normalise_whitespace
-from tasks.data.parallel_corpus import CorpusSpec, Source
+from tasks.data.parallel_corpus import CorpusSpec, Source, SplitBy
 from tasks.data.tokenize import (
     BOS_ID,
     EOS_ID,
@@ -118,7 +124,8 @@ class TranslationDataModule(ZooDataModule):
 
     ``vocab_size`` is ``bpe_vocab_size`` (every id is below it; a small corpus may train fewer tokens),
     ``max_seq_len`` the larger of ``max_source_len`` and ``max_target_len``, ``num_classes`` the vocabulary.
-    ``seed`` draws the synthetic pairs and the training order, not the split (which is by source hash).
+    ``seed`` draws the synthetic pairs, the order of messages in pseudo-documents and the training order, not the
+    split (which is by source hash).
 
     Args:
         source: where the pairs come from: ``"gettext"`` (installed catalogs), ``"files"``, ``"hf"``, ``"synthetic"``.
@@ -146,6 +153,18 @@ class TranslationDataModule(ZooDataModule):
         max_target_len: maximum target tokens plus one (the BOS of ``target_in`` / EOS of ``target_out``).
         overlong: a longer pair is an ``"error"`` (default: raise, saying how many and the longest) or is
             dropped (``"drop"``: counted per split in ``corpus_summary()``).
+        split_by: what a carved split is drawn by: ``"source"`` (default: the hash of the source string),
+            ``"normalised"`` (the hash of its near-duplicate key: case, punctuation, whitespace and printf /
+            brace format specifiers removed, so near-duplicates never cross train/val/test) or ``"catalog"``
+            (``gettext`` only: the hash of the catalog's file name; fractions are then shares of catalogs).
+        dedupe_normalised: keep one pair per near-duplicate key (the first in source-hash order); the others
+            are counted in ``corpus_summary()["dropped"]["normalised_duplicate"]``.
+        messages_per_document: m > 1 joins m messages of one catalog (``gettext``; ``synthetic``: one group;
+            other sources are refused) into one source, their translations in the same order into its target,
+            after the split and in an order drawn from ``seed``. An artificial construction (a ``.mo`` catalog
+            is sorted by msgid and keeps no source order) that gives inputs m times as long, with an alignment
+            running across the whole sequence; ``max_source_len`` / ``max_target_len`` and ``overlong`` then
+            apply to the documents, ``train_size`` counts documents. Default 1: one message per pair.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -177,6 +196,9 @@ class TranslationDataModule(ZooDataModule):
         max_source_len: int = 256,
         max_target_len: int = 256,
         overlong: Overlong = "error",
+        split_by: SplitBy = "source",
+        dedupe_normalised: bool = False,
+        messages_per_document: int = 1,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -205,6 +227,9 @@ class TranslationDataModule(ZooDataModule):
             seed=self.seed,
             fractions={"val": val_fraction, "test": test_fraction},
             train_size=train_size,
+            split_by=split_by,
+            dedupe_normalised=dedupe_normalised,
+            messages_per_document=messages_per_document,
         )
         self.source, self.source_lang, self.target_lang = source, source_lang, target_lang
         self.bpe_vocab_size, self.overlong = bpe_vocab_size, overlong
