@@ -71,8 +71,10 @@ def _proc_status_mb(field: str) -> float | None:
 
 class SpeedAndMemory(pl.Callback):
     """Logs ``train/tokens_per_s`` (over the last ``window`` steps, summed over ranks) and
-    ``train/peak_mem_mb`` (max over ranks) at every step; :meth:`summary` gives the whole run's figures,
-    leaving out the first ``skip_steps`` steps (allocator and kernel warm-up)."""
+    ``train/peak_mem_mb`` (max over ranks) at the steps the logger writes (``log_every_n_steps``; the peak is a
+    high-water mark, so nothing is lost, and reading and logging it at every step costs a small model's run
+    several percent); :meth:`summary` gives the whole run's figures, leaving out the first ``skip_steps`` steps
+    (allocator and kernel warm-up)."""
 
     def __init__(self, skip_steps: int = 5, window: int = 20) -> None:
         self.skip_steps = skip_steps
@@ -103,6 +105,8 @@ class SpeedAndMemory(pl.Callback):
         if self.steps_seen > self.skip_steps:
             self.tokens_total += tokens
             self.seconds_total += seconds
+        if not trainer._logger_connector.should_update_logs:  # as LearningRateMonitor: only steps the logger writes
+            return
         rate = sum(t for t, _ in self.window) / max(sum(s for _, s in self.window), 1e-9)
         log = dict(on_step=True, on_epoch=False, sync_dist=trainer.world_size > 1)
         pl_module.log("train/tokens_per_s", rate, reduce_fx="sum", **log)
