@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from einops import rearrange
+from einops import einsum, rearrange
 from torch import Tensor
 
 from attention_zoo.core import DoubleBackwardError
@@ -61,6 +61,18 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Ten
         return scores.softmax(dim=dim)
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     return scores.softmax(dim=dim) * allowed.any(dim=dim, keepdim=True)
+
+
+def masked_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, key_padding: Tensor | None, scale: float
+) -> Tensor:
+    """softmax(q K^T * scale) V over the keys ``allowed`` (bool, broadcastable to (B, H, Nq, Nk)) that are also real
+    (``key_padding`` (B, Nk), True = real, or None); a query with no such key gets zeros."""
+    # b: batch, h: heads, i: queries, j: keys, d: head dim
+    if key_padding is not None:
+        allowed = allowed & rearrange(key_padding, "b j -> b 1 1 j")
+    scores = einsum(q * scale, k, "b h i d, b h j d -> b h i j")  # scaled before the product: q . k may overflow fp16
+    return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
 
 
 def pad_mask(lengths: Tensor, n: int) -> Tensor:

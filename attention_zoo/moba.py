@@ -70,7 +70,7 @@ from torch import Tensor
 from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
-from attention_zoo.masks import masked_softmax
+from attention_zoo.masks import masked_attention
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
 
@@ -248,10 +248,7 @@ def dense_routed_attention(
     allowed = repeat(chosen[..., :-1], "b h i g -> b h i (g j)", j=block_size)
     if causal:
         allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    if real is not None:
-        allowed = allowed & rearrange(real, "b j -> b 1 1 j")
-    scores = einsum(q * scale, k, "b h i d, b h j d -> b h i j")
-    return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
+    return masked_attention(q, k, v, allowed, real, scale)
 
 
 def routed_layout(

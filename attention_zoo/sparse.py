@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import ClassVar, Literal, TypeVar
 
 import torch
-from einops import einsum, rearrange
+from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
@@ -57,7 +57,7 @@ from attention_zoo import sparse_flex as flex
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding_cache import PatternState, pattern_decoding_step
-from attention_zoo.masks import MaskMod, masked_softmax
+from attention_zoo.masks import MaskMod, masked_attention
 from attention_zoo.patterns import (
     BigBirdPattern,
     LocalPattern,
@@ -123,10 +123,7 @@ class PatternAttention(AttentionCore):
             return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale)
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
-            if mask is not None:
-                allowed = allowed & rearrange(mask, "b j -> b 1 1 j")
-            scores = einsum(q * self.scale, k, "b h i d, b h j d -> b h i j")  # before: q . k may overflow fp16
-            return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
+            return masked_attention(q, k, v, allowed, mask, self.scale)
         layout = _cached(self._layouts, key, lambda: self.pattern.tiles(self.mask_mod(*key), *key))
         return tiled_attention(q, k, v, layout, mask, self.scale)
 
