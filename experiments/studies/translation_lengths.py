@@ -17,20 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from tasks.data.base import SPLITS
 from tasks.data.translation import TranslationDataModule
-
-
-def nearest_rank(sorted_values: Sequence[int], q: float) -> int:
-    """The q-quantile by nearest rank: the smallest value with at least a share q of the values at or below it."""
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def describe(lengths: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
@@ -39,7 +34,9 @@ def describe(lengths: Sequence[int], ks: Sequence[int]) -> dict[str, Any]:
     if not values:
         raise ValueError("no lengths to describe")
     stats: dict[str, Any] = {"count": len(values), "mean": sum(values) / len(values)}
-    stats |= {name: nearest_rank(values, q) for name, q in (("median", 0.5), ("p90", 0.9), ("p99", 0.99))}
+    # nearest rank ("inverted_cdf"): the smallest value with at least a share q of the values at or below it
+    quantiles = np.percentile(values, [50, 90, 99], method="inverted_cdf")
+    stats |= {name: int(value) for name, value in zip(("median", "p90", "p99"), quantiles, strict=True)}
     stats["max"] = values[-1]
     stats["k"] = {
         str(k): {
