@@ -198,6 +198,10 @@ class EncoderTask(ZooTask):
         logits = self(batch["tokens"], batch["mask"])
         loss = self.loss(logits, batch["labels"])
         is_train = stage == "train"
+        if is_train and not self._logger_writes_this_step():
+            # the logger keeps only every log_every_n_steps-th training value; logging (and metric updates) at
+            # every step cost a small model about a fifth of its step time
+            return loss
         batch_size = batch["tokens"].shape[0]
         logged = dict(on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
         # an epoch value is Lightning's batch_size-weighted mean of the batch values; weighting each batch loss
@@ -208,6 +212,15 @@ class EncoderTask(ZooTask):
         metrics = self.update_metrics(stage, logits.detach(), batch["labels"])
         self.log_dict(metrics, prog_bar=not is_train, **logged)
         return loss
+
+    def _logger_writes_this_step(self) -> bool:
+        trainer = self._trainer
+        if trainer is None or trainer._logger_connector.should_update_logs:
+            return True
+        # the last step's values stay the run's train summary (callback_metrics), whatever the interval
+        last_step = trainer.max_steps != -1 and trainer.global_step + 1 >= trainer.max_steps
+        last_epoch = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        return last_step or (last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         return self._shared_step(batch, "train")

@@ -137,6 +137,30 @@ def test_tensorboard_gets_the_promised_tags_and_hparams(tmp_path, reviews_csv):
     assert "val/acc" in experiment and "train/tokens_per_s" in experiment
 
 
+def test_training_metrics_are_computed_at_the_steps_the_logger_writes_and_the_last(tmp_path, reviews_csv, monkeypatch):
+    from tasks.token_prediction import TokenPrediction
+
+    updated_at: list[int] = []
+    update = TokenPrediction.update_metrics
+
+    def counting_update(self, stage, logits, labels):
+        if stage == "train":
+            updated_at.append(self.global_step)
+        return update(self, stage, logits, labels)
+
+    monkeypatch.setattr(TokenPrediction, "update_metrics", counting_update)
+    runs = tmp_path / "runs"
+    args = tiny_args("recall", runs, reviews_csv, steps=5) + ["--trainer.log_every_n_steps", "3"]
+    assert cli.main(["fit", *args, "--model.attention_options.backend", "math"]) == 0
+    run_dir = runs / "recall" / "full" / "version_0"
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    assert updated_at == [2, 4]  # the logger's third step, and the last
+    assert [e.step for e in events.Scalars("train/loss")] == [2]  # Lightning writes only its interval
+    assert [e.step for e in events.Scalars("train/acc")] == [2]
+    assert math_finite(record(run_dir)["metrics"]["train/loss"])
+
+
 def test_wrong_attention_name_fails_before_training_listing_the_names(tmp_path, reviews_csv, capsys):
     runs = tmp_path / "runs"
     assert cli.main(["fit", *tiny_args("listops", runs, reviews_csv), "--model.attention", "linformr"]) == 2
