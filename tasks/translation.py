@@ -20,6 +20,10 @@ Metrics (``val/`` and ``test/``):
   the decoding cache and recomputing the decoder over the prefix at every step. Only meaningful on an
   otherwise idle machine.
 
+``zoo test`` also writes every test translation, with its source and reference, to
+``test_translations.jsonl`` in the run directory: what a paired significance test between two runs needs
+(``experiments/studies/translation_verdicts.py``).
+
 The run record (``run.json``) also holds the resolved decoder self-attention and why
 (:func:`attention_zoo.seq2seq.resolve_decoder_attention`), the cross-attention, the data module's
 ``corpus_summary()`` and the copy baseline of the validation subset and the test split.
@@ -29,7 +33,9 @@ Batches are those of :mod:`tasks.data.translation` (``source``, ``source_mask``,
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -46,6 +52,9 @@ from attention_zoo.transformer import Positional
 from tasks.base import ConfigError, Schedule, ZooTask
 from tasks.data.base import IGNORE_INDEX
 from tasks.translation_metrics import copy_baseline, corpus_scores
+
+#: the test translations of a run, JSON lines in its run directory (``zoo test``)
+TEST_TRANSLATIONS = "test_translations.jsonl"
 
 EvalStage = Literal["val", "test"]
 
@@ -242,7 +251,7 @@ class TranslationTask(ZooTask):
             self._speed_batches.append((batch["source"][:take], batch["source_mask"][:take]))
 
     def on_test_epoch_end(self) -> None:
-        scores = self._score_translations("test")
+        scores = self._score_translations("test", keep=TEST_TRANSLATIONS)
         baseline = copy_baseline(self.trainer.datamodule, "test")
         self.log_dict(
             {
@@ -301,8 +310,10 @@ class TranslationTask(ZooTask):
         for i, row in zip(index.tolist(), tokens.tolist(), strict=True):
             self._translations[i] = row
 
-    def _score_translations(self, split: EvalStage) -> dict[str, Any]:
-        """BLEU and chrF of the collected translations (gathered from every rank), samples to TensorBoard."""
+    def _score_translations(self, split: EvalStage, keep: str | None = None) -> dict[str, Any]:
+        """BLEU and chrF of the collected translations (gathered from every rank), samples to TensorBoard;
+        ``keep``: also write every (index, source, reference, translation) as JSON lines to that file of the
+        run directory (what a paired significance test between runs needs)."""
         translations = self._translations
         if self.trainer.world_size > 1:
             gathered: list[dict[int, list[int]] | None] = [None] * self.trainer.world_size
@@ -314,6 +325,13 @@ class TranslationTask(ZooTask):
         hypotheses = [datamodule.decode(translations[i]) for i in order]
         scores = corpus_scores(hypotheses, [references[i] for i in order])
         self._log_samples(split, [(sources[i], references[i], h) for i, h in zip(order, hypotheses, strict=True)])
+        if keep is not None and self.trainer.is_global_zero and self.trainer.log_dir is not None:
+            rows = (
+                {"index": i, "source": sources[i], "reference": references[i], "translation": h}
+                for i, h in zip(order, hypotheses, strict=True)
+            )
+            text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            (Path(self.trainer.log_dir) / keep).write_text(text, encoding="utf-8")
         return scores
 
     def _log_samples(self, split: EvalStage, triples: list[tuple[str, str, str]]) -> None:

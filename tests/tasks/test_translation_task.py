@@ -84,6 +84,12 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
         for cache in ("cached", "recomputed"):
             assert tested[f"test/{search}_{cache}_sentences_per_s"] > 0
     assert tested["val/bleu"] == metrics["val/bleu"]  # the fit's metrics stay
+    # the test translations, kept for paired tests between runs: every test pair once, and exactly what was scored
+    (kept,) = (runs / "translation" / attention).glob("version_*/test_translations.jsonl")
+    rows = [json.loads(line) for line in kept.read_text(encoding="utf-8").splitlines()]
+    assert sorted(row["index"] for row in rows) == list(range(fitted["corpus"]["pairs"]["test"]))
+    rescored = corpus_scores([r["translation"] for r in rows], [r["reference"] for r in rows])["bleu"]
+    assert rescored == pytest.approx(tested["test/bleu"], abs=1e-6)
     # a checkpoint *file* (what zoo compare --test passes): LightningCLI feeds its saved hyperparameters back to
     # __init__, so sizes linked for other tasks (num_classes, max_seq_len) must not be among them
     checkpoint = run_dir / "checkpoints" / "last.ckpt"
