@@ -1,4 +1,4 @@
-"""``zoo study mlm``: MLM validation perplexity of Linformer vs k, n and sharing (Linformer Fig. 3, Table 2).
+"""``zoo study mlm``: MLM perplexity of Linformer vs k, n and sharing (Linformer Fig. 3, Table 2).
 
 Wang et al. 2020, "Linformer", arXiv:2006.04768, Sec. 5.1: at k = 128 for n = 512 and k = 256 for n = 1024
 Linformer is "nearly on par" with the Transformer (Fig. 3 a, b); the sharing modes are about equal, layerwise
@@ -10,16 +10,28 @@ collects them, whatever is finished so far, and says which runs and seeds exist.
     zoo study mlm --runs_dir runs/linformer_paper --out experiments/results/linformer_paper/mlm
     zoo study mlm --replot experiments/results/linformer_paper/mlm     # table and figure from the committed CSVs
 
+What is judged: an experiment whose config says ``test: true`` is scored by each run's final test perplexity
+(``zoo test`` of its last checkpoint), on one text for every n (the data's ``eval_tokens``); an experiment
+without it (the old-init runs, whose validation batches changed with n) falls back to the final validation
+perplexity, labelled ``val (old init)``. Verdicts pair each variant with full attention at the same n and
+evaluation, by seed (:mod:`experiments.stats`, δ = 2% of full's perplexity). Beside them: the unigram baseline
+of the same evaluation text (the perplexity of predicting each masked token by its frequency among the
+masked labels, as ``mlm_independent_check`` computes it: an optimistic no-context predictor) and each
+variant's gap below it in nats per masked token, so a verdict reached close to that baseline can say so.
+
 Writes ``curves.csv`` (val/ppl by step from each run's TensorBoard events), ``runs.csv`` (one row per expected
-run: status, final val/ppl from ``run.json``), ``table.csv`` and ``table.md`` (final perplexity per variant:
-mean, std and 95% interval over the finished seeds, with coverage), then ``fig3.png`` from the CSVs
-(``mlm_plots``).
+run: status, final val/ppl and test/ppl from ``run.json``), ``eval_text.csv`` (per experiment: the evaluation
+text's sequences, masked tokens and unigram perplexity, from the data of the experiment's first run that saved
+its ``config.yaml``), ``table.csv`` and ``table.md`` (final perplexity per variant: mean, std and 95% interval
+over the finished seeds, unigram gap, paired verdict, coverage), then ``fig3.png`` from the CSVs (``mlm_plots``).
 """
 
 from __future__ import annotations
 
-import csv
+import importlib
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -35,17 +47,19 @@ from experiments.compare.command import plan
 from experiments.compare.runs import read_record
 from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
 from experiments.studies.cli import add_output_options, run_study
-from experiments.studies.common import write_csv
-from experiments.studies.mlm_plots import plot
+from experiments.studies.common import read_csv, write_csv
+from experiments.studies.mlm_plots import OLD_VAL, TEST, plot
 
 #: the study's zoo compare configs (package data of experiments.studies)
 CONFIGS = Path(str(resources.files("experiments.studies") / "linformer_mlm"))
 CURVE_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "val_ppl"]
 RUN_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "max_steps",
-               "final_val_ppl", "run_dir"]  # fmt: skip
-TABLE_COLUMNS = ["n", "attention", "k", "sharing", "seeds_expected", "seeds_finished", "seeds", "mean", "std",
-                 "ci_low", "ci_high", "paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin",
-                 "verdict"]  # fmt: skip
+               "final_val_ppl", "evaluation", "final_test_ppl", "run_dir"]  # fmt: skip
+EVAL_TEXT_COLUMNS = ["experiment", "n", "evaluation", "split", "sequences", "tokens", "masked_tokens", "unigram_ppl",
+                     "run_dir"]  # fmt: skip
+TABLE_COLUMNS = ["n", "attention", "k", "sharing", "evaluation", "seeds_expected", "seeds_finished", "seeds", "mean",
+                 "std", "ci_low", "ci_high", "unigram_ppl", "gap_nats", "paired_seeds", "delta", "delta_lo",
+                 "delta_hi", "p_value", "margin", "verdict"]  # fmt: skip
 METRIC = "val/ppl"
 
 
@@ -59,6 +73,7 @@ class ExpectedRun:
     label: str
     seed: int
     directory: Path
+    evaluation: str  # TEST or OLD_VAL
 
 
 def option_default(attention: str, name: str) -> Any:
@@ -74,6 +89,7 @@ def expected_runs(configs: Path, runs_dir: Path | None) -> list[ExpectedRun]:
         n = _max_seq_len(config.get("fit_args", []), path)
         root = runs_dir if runs_dir is not None else Path(config.get("runs_dir", "runs"))
         first, count = int(config.get("seed", 0)), int(config.get("seeds", 1))
+        evaluation = TEST if config.get("test") else OLD_VAL
         for entry in plan(config["attentions"], config.get("options") or {}):
             k, sharing = None, ""
             if entry.attention == "linformer":
@@ -81,9 +97,8 @@ def expected_runs(configs: Path, runs_dir: Path | None) -> list[ExpectedRun]:
                 sharing = entry.options.get("sharing", option_default("linformer", "sharing"))
             for seed in range(first, first + count):
                 directory = root / config["experiment"] / entry.label / f"seed-{seed}"
-                runs.append(
-                    ExpectedRun(config["experiment"], n, entry.attention, k, sharing, entry.label, seed, directory)
-                )
+                runs.append(ExpectedRun(config["experiment"], n, entry.attention, k, sharing, entry.label, seed,
+                                        directory, evaluation))  # fmt: skip
     return runs
 
 
@@ -119,37 +134,107 @@ def collect(expected: list[ExpectedRun]) -> tuple[list[dict], list[dict]]:
     for run in expected:
         record = read_record(run.directory)
         status = record.get("status", "missing" if not run.directory.exists() else "no record")
-        final = record.get("metrics", {}).get(METRIC) if status == "finished" else None
+        metrics = record.get("metrics", {}) if status == "finished" else {}
         base = {"experiment": run.experiment, "n": run.n, "attention": run.attention, "k": run.k or "",
                 "sharing": run.sharing, "label": run.label, "seed": run.seed, "status": status}  # fmt: skip
-        final_text = "" if final is None else f"{final:.6g}"
+        finals = {f"final_{stage}_ppl": _cell(metrics.get(f"{stage}/ppl")) for stage in ("val", "test")}
         progress = {"step": record.get("step", ""), "max_steps": record.get("max_steps", "")}
-        runs.append(base | progress | {"final_val_ppl": final_text, "run_dir": str(run.directory)})
+        runs.append(base | progress | finals | {"evaluation": run.evaluation, "run_dir": str(run.directory)})
         curves += [base | {"step": step, "val_ppl": f"{value:.6g}"} for step, value in read_curve(run.directory)]
     return curves, runs
 
 
-def table_rows(runs: list[dict]) -> list[dict]:
-    """Final perplexity per (n, attention, k, sharing) over its finished seeds, in first-seen order, with the
-    paired difference from full attention at the same n and its verdict (the rule of :mod:`experiments.stats`,
-    margin 2% of full's perplexity)."""
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
+
+
+def evaluation_of(row: dict) -> str:
+    """How a runs.csv row is judged; a runs.csv written before test evaluation existed holds old-init runs."""
+    return row.get("evaluation") or OLD_VAL
+
+
+def judged_ppl(row: dict) -> float | None:
+    """The row's final perplexity on its evaluation text: test/ppl, or val/ppl for an old experiment; None if
+    the run has not finished (or, for test, not been tested)."""
+    cell = row.get("final_test_ppl", "") if evaluation_of(row) == TEST else row["final_val_ppl"]
+    return float(cell) if row["status"] == "finished" and cell else None
+
+
+def eval_text(run_dir: Path, evaluation: str) -> dict | None:
+    """The evaluation text of a run, rebuilt from the data section of its ``config.yaml``: for TEST the test
+    split (``limit_test_batches`` of it), for OLD_VAL the ``limit_val_batches`` validation batches; its
+    masked tokens and their unigram perplexity exp(H), H the entropy of their own frequencies. None when the
+    run saved no config."""
+    from tasks.data.base import IGNORE_INDEX  # imports Lightning: only a run of the study needs it, not --replot
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    config = yaml.safe_load(path.read_text()) or {}
+    section = config["data"]
+    module_name, _, class_name = section["class_path"].rpartition(".")
+    data = getattr(importlib.import_module(module_name), class_name)(**(section.get("init_args") or {}))
+    split = "test" if evaluation == TEST else "val"
+    data.setup("test" if split == "test" else "validate")
+    loader = data.test_dataloader() if split == "test" else data.val_dataloader()
+    limit = (config.get("trainer") or {}).get(f"limit_{split}_batches")
+    # Lightning's rule: an int is a batch count, a float a share of the batches
+    batches = len(loader) if limit is None else limit if isinstance(limit, int) else int(limit * len(loader))
+    counts: Counter[int] = Counter()
+    sequences = tokens = 0
+    for _, batch in zip(range(batches), loader, strict=False):
+        sequences += len(batch["mask"])
+        tokens += int(batch["mask"].sum())
+        counts.update(batch["labels"][batch["labels"] != IGNORE_INDEX].tolist())
+    masked = sum(counts.values())
+    entropy = -sum(c / masked * math.log(c / masked) for c in counts.values())
+    return {"split": split, "sequences": sequences, "tokens": tokens, "masked_tokens": masked,
+            "unigram_ppl": f"{math.exp(entropy):.6g}"}  # fmt: skip
+
+
+def eval_texts(expected: list[ExpectedRun]) -> list[dict]:
+    """One :func:`eval_text` row per experiment (and n), from its first run that saved a config."""
+    rows, seen = [], set()
+    for run in expected:
+        if (run.experiment, run.n) in seen:
+            continue
+        text = eval_text(run.directory, run.evaluation)
+        if text is not None:
+            seen.add((run.experiment, run.n))
+            rows.append({"experiment": run.experiment, "n": run.n, "evaluation": run.evaluation} | text
+                        | {"run_dir": str(run.directory)})  # fmt: skip
+    return rows
+
+
+def table_rows(runs: list[dict], texts: list[dict] | None = None) -> list[dict]:
+    """Final perplexity per (n, attention, k, sharing, evaluation) over its finished seeds (:func:`judged_ppl`),
+    in first-seen order, with the unigram baseline of its experiment's evaluation text (``texts``: rows of
+    :func:`eval_texts`) and the gap below it, ln(unigram) - ln(ppl) in nats per masked token (mean over seeds),
+    and the paired difference from full attention at the same n and evaluation and its verdict (the rule of
+    :mod:`experiments.stats`, margin 2% of full's perplexity)."""
+    unigram = {(t["experiment"], str(t["n"])): float(t["unigram_ppl"]) for t in texts or []}
     groups: dict[tuple, list[dict]] = {}
     for row in runs:
-        groups.setdefault((row["n"], row["attention"], row["k"], row["sharing"]), []).append(row)
-    finals = {
-        key: {int(r["seed"]): float(r["final_val_ppl"]) for r in rows if r["status"] == "finished"
-              and r["final_val_ppl"] != ""}
-        for key, rows in groups.items()
-    }  # fmt: skip
+        key = (row["n"], row["attention"], row["k"], row["sharing"], evaluation_of(row))
+        groups.setdefault(key, []).append(row)
+    finals = {key: {int(r["seed"]): judged_ppl(r) for r in rows if judged_ppl(r) is not None}
+              for key, rows in groups.items()}  # fmt: skip
     table = []
-    for (n, attention, k, sharing), rows in groups.items():
-        per_seed = finals[(n, attention, k, sharing)]
+    for key, rows in groups.items():
+        n, attention, k, sharing, evaluation = key
+        per_seed = finals[key]
         interval = summarize(list(per_seed.values()), bounds=metric_bounds("val_ppl"))
-        item = {"n": n, "attention": attention, "k": k, "sharing": sharing, "seeds_expected": len(rows),
-                "seeds_finished": len(per_seed), "seeds": " ".join(str(s) for s in per_seed)}  # fmt: skip
+        item = {"n": n, "attention": attention, "k": k, "sharing": sharing, "evaluation": evaluation,
+                "seeds_expected": len(rows), "seeds_finished": len(per_seed),
+                "seeds": " ".join(str(s) for s in per_seed)}  # fmt: skip
         for part, name in (("mean", "mean"), ("std", "std"), ("low", "ci_low"), ("high", "ci_high")):
             item[name] = "" if interval is None else f"{getattr(interval, part):.4f}"
-        reference = next((finals[key] for key in finals if key[0] == n and key[1] == "full"), None)
+        baseline = unigram.get((rows[0]["experiment"], str(n)))
+        item["unigram_ppl"] = "" if baseline is None else f"{baseline:.4f}"
+        gaps = [math.log(baseline) - math.log(ppl) for ppl in per_seed.values()] if baseline else []
+        item["gap_nats"] = f"{sum(gaps) / len(gaps):.4f}" if gaps else ""
+        reference = next((finals[other] for other in finals if other[0] == n and other[1] == "full"
+                          and other[4] == evaluation), None)  # fmt: skip
         item |= dict.fromkeys(("paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin"), "")
         item["verdict"] = "reference" if attention == "full" else "-"
         if attention != "full" and reference:
@@ -164,14 +249,19 @@ def table_rows(runs: list[dict]) -> list[dict]:
     return table
 
 
-def markdown(table: list[dict], runs: list[dict]) -> str:
+def markdown(table: list[dict], runs: list[dict], texts: list[dict] | None = None) -> str:
     lines = [
-        "Δ: the paired difference from full attention at the same n over shared seeds (95% interval), p: paired"
-        f" t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's perplexity: {RULE}.",
+        "Final perplexity: `test` = test/ppl of each run's last checkpoint on one evaluation text for every n;"
+        " `val (old init)` = final val/ppl of an old experiment (its validation batches change with n)."
+        " Unigram: the perplexity of predicting each masked token of the same text by its frequency among the"
+        " masked labels (no context, optimistic); gap: ln(unigram) - ln(ppl), nats per masked token, mean over"
+        " seeds. Δ: the paired difference from full attention at the same n and evaluation over shared seeds"
+        " (95% interval), p: paired t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's"
+        f" perplexity: {RULE}.",
         "",
-        "| n | model | k | sharing | final val ppl, mean ± std | 95% interval | seeds finished | Δ vs full [95% CI]"
-        " | p | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| n | model | k | sharing | evaluation | final ppl, mean ± std | 95% interval | unigram | gap (nats) "
+        "| seeds finished | Δ vs full [95% CI] | p | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         value = f"{float(row['mean']):.3f} ± {float(row['std']):.3f}" if row["mean"] else "-"
@@ -181,17 +271,28 @@ def markdown(table: list[dict], runs: list[dict]) -> str:
         if row["delta_lo"] != "":
             delta += f" [{float(row['delta_lo']):+.3f}, {float(row['delta_hi']):+.3f}]"
         p_value = f"{float(row['p_value']):.2g}" if row["p_value"] != "" else "-"
+        unigram = f"{float(row['unigram_ppl']):.2f}" if row["unigram_ppl"] else "-"
+        gap = f"{float(row['gap_nats']):.3f}" if row["gap_nats"] else "-"
         lines.append(
-            f"| {row['n']} | {row['attention']} | {row['k'] or '-'} | {row['sharing'] or '-'} | {value} | {interval} "
-            f"| {seeds} | {delta} | {p_value} | {row['verdict']} |"
+            f"| {row['n']} | {row['attention']} | {row['k'] or '-'} | {row['sharing'] or '-'} | {row['evaluation']} "
+            f"| {value} | {interval} | {unigram} | {gap} | {seeds} | {delta} | {p_value} | {row['verdict']} |"
         )
-    missing = [r for r in runs if r["status"] != "finished"]
+    if texts:
+        lines += ["", "Evaluation texts (from each experiment's first run with a config.yaml):"]
+        lines += [
+            f"- {t['experiment']} (n = {t['n']}, {t['evaluation']}): {t['split']} split, {int(t['sequences']):,}"
+            f" sequences, {int(t['tokens']):,} tokens, {int(t['masked_tokens']):,} masked; unigram"
+            f" {float(t['unigram_ppl']):.3f}"
+            for t in texts
+        ]
+    missing = [r for r in runs if judged_ppl(r) is None]
     lines += ["", f"Coverage: {len(runs) - len(missing)} of {len(runs)} expected runs finished."]
     if missing:
         lines.append("Not finished (status, step reached):")
         lines += [
-            f"- {r['experiment']}/{r['label']}/seed-{r['seed']}: {r['status']}"
-            + (f", step {r['step']} of {r['max_steps']}" if r["step"] != "" else "")
+            f"- {r['experiment']}/{r['label']}/seed-{r['seed']}: "
+            + ("fitted, not tested" if r["status"] == "finished" else r["status"])
+            + (f", step {r['step']} of {r['max_steps']}" if r["step"] != "" and r["status"] != "finished" else "")
             for r in missing
         ]
     return "\n".join(lines) + "\n"
@@ -212,11 +313,11 @@ def main(argv: list[str]) -> int:
 
 
 def _replot(directory: Path, args: Namespace) -> list[Path]:
-    with open(directory / "runs.csv") as file:
-        runs = list(csv.DictReader(file))
-    table = table_rows(runs)
+    runs = read_csv(directory / "runs.csv")
+    texts = read_csv(directory / "eval_text.csv") if (directory / "eval_text.csv").is_file() else []
+    table = table_rows(runs, texts)
     write_csv(directory / "table.csv", table, TABLE_COLUMNS)
-    (directory / "table.md").write_text(markdown(table, runs))
+    (directory / "table.md").write_text(markdown(table, runs, texts))
     return [directory / "table.csv", directory / "table.md", *plot(directory)]
 
 
@@ -225,17 +326,19 @@ def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     if not expected:
         parser.error(f"no zoo compare config (*.yaml) in {args.configs}")
     curves, runs = collect(expected)
-    table = table_rows(runs)
+    texts = eval_texts(expected)
+    table = table_rows(runs, texts)
     directory = Path(args.out)
     write_csv(directory / "curves.csv", curves, CURVE_COLUMNS)
     write_csv(directory / "runs.csv", runs, RUN_COLUMNS)
+    write_csv(directory / "eval_text.csv", texts, EVAL_TEXT_COLUMNS)
     write_csv(directory / "table.csv", table, TABLE_COLUMNS)
-    (directory / "table.md").write_text(markdown(table, runs))
+    (directory / "table.md").write_text(markdown(table, runs, texts))
     (directory / "mlm.json").write_text(
         json.dumps({"configs": args.configs, "runs_dir": args.runs_dir}, indent=2) + "\n"
     )
     written = plot(directory)
-    finished = sum(r["status"] == "finished" for r in runs)
-    out.print(f"{finished} of {len(runs)} runs finished; wrote {directory}/curves.csv, runs.csv, table.csv, table.md, "
-              + ", ".join(p.name for p in written))  # fmt: skip
+    finished = sum(judged_ppl(r) is not None for r in runs)
+    out.print(f"{finished} of {len(runs)} runs finished; wrote {directory}/curves.csv, runs.csv, eval_text.csv, "
+              "table.csv, table.md, " + ", ".join(p.name for p in written))  # fmt: skip
     return 0

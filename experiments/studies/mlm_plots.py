@@ -4,8 +4,11 @@ Linformer paper's Fig. 3 (curves: mean over the seeds logged at each step, band:
 (a) k sweep at n = 512: full and Linformer (headwise) at each k; (b) the same at n = 1024;
 (c) sharing none / headwise / kv / layerwise at n = 512 and the k of the sharing runs, full for reference;
 (d) Linformer at that k as n grows (solid), full at the same n (dashed);
-(e) final perplexity vs k, one line per n, full as horizontal lines; (f) final perplexity vs n.
-Panels (e, f) use finished runs only (error bars: std over seeds).
+(e) final perplexity vs k, one line per n, full as horizontal lines; (f) final perplexity vs n, with the
+unigram baseline of each n's evaluation text where the table has it (dotted).
+Panels (e, f) use finished runs only (error bars: std over seeds) and the table's final perplexity of one
+evaluation: test on the one evaluation text where any run has it, else the validation of old experiments (the
+table's ``evaluation`` column; a CSV without it holds old experiments only).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from pathlib import Path
 from experiments.studies.common import number, pyplot, read_csv, save_figure
 
 SHARINGS = ("none", "headwise", "kv", "layerwise")
+#: how a run is judged: by test/ppl on the one evaluation text, or (old experiments) by val/ppl
+TEST, OLD_VAL = "test", "val (old init)"
 
 
 def _mean_curve(rows: list[dict[str, str]]) -> tuple[list[int], list[float], list[float], int]:
@@ -96,7 +101,9 @@ def plot(directory: Path) -> list[Path]:
         _draw(d, _select(curves, n=n, attention="full"), f"Transformer n={n}", n_color[n], linestyle="--")
     d.set_title(f"(d) k = {fixed_k} as n grows (dashed: Transformer)")
 
-    finished = [r for r in table if r["mean"]]
+    # one evaluation per panel: test where any run was tested, so old-init val rows never join its lines
+    evaluation = TEST if any(r.get("evaluation") == TEST and r["mean"] for r in table) else OLD_VAL
+    finished = [r for r in table if r["mean"] and (r.get("evaluation") or OLD_VAL) == evaluation]
     for n in lengths:
         headwise = [
             r for r in finished if int(r["n"]) == n and r["attention"] == "linformer" and r["sharing"] == "headwise"
@@ -121,6 +128,10 @@ def plot(directory: Path) -> list[Path]:
         if points:
             x, y, err = zip(*points, strict=True)
             f.errorbar(x, y, yerr=err, marker="o", capsize=3, color=color, label=label)
+    baselines = sorted({(int(r["n"]), number(r["unigram_ppl"])) for r in finished if r.get("unigram_ppl")})
+    if baselines:
+        x, y = zip(*baselines, strict=True)
+        f.plot(x, y, color="gray", linestyle=":", marker="s", label="unigram (no context)")
     f.set_xscale("log", base=2)
     f.set_xlabel("n")
     f.set_title("(f) final perplexity vs n")
@@ -133,12 +144,12 @@ def plot(directory: Path) -> list[Path]:
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.grid(alpha=0.3, which="both")
-        ax.set_ylabel("validation perplexity")
+        ax.set_ylabel("validation perplexity" if ax in (a, b, c, d) else f"final {evaluation} perplexity")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         else:  # a panel whose runs have not finished yet says so instead of showing empty axes
             ax.text(0.5, 0.5, "no runs yet", transform=ax.transAxes, ha="center", va="center", color="gray")
     for ax in (a, b, c, d):
         ax.set_xlabel("updates")
-    figure.suptitle("MLM validation perplexity (Linformer Fig. 3 at CPU scale)")
+    figure.suptitle("MLM perplexity (Linformer Fig. 3 at CPU scale): curves of validation, (e, f) final")
     return [save_figure(figure, directory / "fig3.png", directory / "tensorboard")]

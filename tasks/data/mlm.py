@@ -26,7 +26,14 @@ a fixed count with random rounding; not offered.)
 Masks are re-drawn every training epoch and are a pure function of ``(seed, epoch, index)`` (one
 generator per example, keyed by the sampler), hence identical for any ``num_workers``, under DDP and
 after a resume; validation and test use the epoch-0 masks every time, so their losses are comparable
-across epochs.
+across epochs. ``seed`` is the data's seed, not the run's (``zoo compare --seeds`` varies ``shuffle_seed``
+and the initialisation only), so every run of a comparison at one ``max_seq_len`` scores the same masked
+positions.
+
+One evaluation text for every ``max_seq_len`` (option ``eval_tokens``): val and test keep only the first
+``eval_tokens`` tokens of their split's token stream, which does not depend on ``max_seq_len``, and are then
+chunked as usual; so runs at any n are scored on the same text. Their masked positions still differ between
+n: masks are drawn per chunk, and the chunks differ.
 
 Corpus: the files matching ``file_pattern`` under ``corpus_dir`` (recursively; hidden folders,
 ``__pycache__``, ``site-packages`` and ``dist-packages`` are skipped), shuffled by ``seed``, capped by
@@ -51,7 +58,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from tasks.data.base import IGNORE_INDEX, SPLITS, Sequences, Split, derive_seed, epoch_and_index
+from tasks.data.base import IGNORE_INDEX, SPLITS, DataError, Sequences, Split, derive_seed, epoch_and_index
 from tasks.data.tokenize import MASK_ID, PAD_ID, SPECIAL_TOKENS, TokenizedDataModule, TokenizerKind, file_digest
 
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
@@ -147,6 +154,9 @@ class MaskedLMDataModule(TokenizedDataModule):
         tokenizer: ``"byte"`` (UTF-8 bytes, vocabulary 260), ``"bpe"`` or ``"wordpiece"`` (trained on train).
         tokenizer_vocab_size: vocabulary size of a trained tokenizer.
         tokenizer_file: use this saved tokenizer (``tokenizers`` JSON) instead of training one.
+        eval_tokens: val and test keep only the first this many tokens of their split (then chunked by
+            ``max_seq_len``; the last chunk may be shorter), so that every ``max_seq_len`` is evaluated on the
+            same text; a split with fewer tokens is an error. None (default) keeps the whole split.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -169,6 +179,7 @@ class MaskedLMDataModule(TokenizedDataModule):
         tokenizer: TokenizerKind = "byte",
         tokenizer_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
+        eval_tokens: int | None = None,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -176,7 +187,7 @@ class MaskedLMDataModule(TokenizedDataModule):
         if not self.corpus_dir.is_dir():
             raise FileNotFoundError(f"corpus_dir {str(self.corpus_dir)!r} is not a folder")
         self.file_pattern = file_pattern or ("*.py" if corpus_dir is None else "*.txt")
-        for name, limit in (("max_files", max_files), ("max_bytes", max_bytes)):
+        for name, limit in (("max_files", max_files), ("max_bytes", max_bytes), ("eval_tokens", eval_tokens)):
             if limit is not None and limit < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {limit}")
         if max_seq_len < 2:
@@ -189,6 +200,7 @@ class MaskedLMDataModule(TokenizedDataModule):
             raise ValueError(f"need val_fraction, test_fraction > 0 with sum < 1; got {val_fraction}, {test_fraction}")
         self.use_tokenizer(tokenizer, tokenizer_vocab_size, tokenizer_file)
         self.max_files, self.max_bytes = max_files, max_bytes
+        self.eval_tokens = eval_tokens
         self.mask_prob = mask_prob
         self.selection = selection
         self.fractions: dict[Split, float] = {
@@ -238,6 +250,11 @@ class MaskedLMDataModule(TokenizedDataModule):
             "seed": self.seed,
         }
 
+    def cache_params(self) -> dict:
+        # only when set, so the caches built before the option existed keep their keys
+        extra = {} if self.eval_tokens is None else {"eval_tokens": self.eval_tokens}
+        return super().cache_params() | extra
+
     def training_texts(self) -> list[str]:
         return self.documents()["train"]
 
@@ -249,6 +266,13 @@ class MaskedLMDataModule(TokenizedDataModule):
                 f"the {split} part of the corpus is empty ({len(self.files())} files, max_bytes={self.max_bytes}); "
                 f"use more files or bytes, or a larger {split}_fraction"
             )
+        if split != "train" and self.eval_tokens is not None:
+            if len(stream) < self.eval_tokens:
+                raise DataError(
+                    f"the {split} part of the corpus has {len(stream)} tokens, fewer than eval_tokens="
+                    f"{self.eval_tokens}; lower eval_tokens, or use more files or bytes, or a larger {split}_fraction"
+                )
+            stream = stream[: self.eval_tokens]
         offsets = torch.cat([torch.arange(0, len(stream), self.max_seq_len), torch.tensor([len(stream)])])
         return Sequences(stream.to(torch.int32), offsets)
 
