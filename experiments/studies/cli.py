@@ -33,7 +33,7 @@ STUDIES: dict[str, tuple[str, str, str]] = {
     "mlm": (
         "experiments.studies.mlm",
         "main",
-        "MLM validation perplexity curves and final table of the Linformer runs",
+        "MLM perplexity curves, and the final table and verdicts (test perplexity on one text) of the Linformer runs",
     ),
 }
 
