@@ -27,23 +27,21 @@ authors' examples/llama.py). At n <= block_size MoBA is full attention.
 Implementation: (1) the gate, s for every (query, block) in chunks of queries (a fixed number of scores
 per chunk, set per device by :mod:`attention_zoo.chunking`: the whole (N, n) score matrix only where it
 fits one chunk), top-k under the masks above, giving for each query its own block (rank 0) and
-its gated blocks (ranks 1..top_k). (2) exact attention over the selected blocks with the tiled kernel of
-:mod:`attention_zoo.block_sparse` (online softmax over any number of tile groups, recomputation in the
-backward): its layouts are static per length and shared by batch and heads, whereas MoBA routes every
-(batch, head, query) by content on every call. So the (b, h, position) axes are flattened into one row
-axis (the kernel sees B = H = 1) and a layout is built per call from the routing: per rank, the
-(query, block) pairs sorted by block and cut into tiles of T queries against the B keys of that block.
-Ranks go into separate groups because the kernel updates each chunk of tiles as a read-modify-write of
-its rows, so a row may sit in many groups but in one tile per group. Keys are read per tile, not per
-query, which is what makes a key-block-major layout fast (the authors' varlen FlashAttention does the
-same). The dense (N, N) score matrix is never formed, except with ``impl="dense"``: the same selection as an
-(N, N) mask and a masked softmax, for short sequences.
+its gated blocks (ranks 1..top_k). (2) exact attention over the selected blocks, for a whole sequence
+with the block-level kernel of :mod:`attention_zoo.moba_kernel`: the own blocks as plain batched attention
+(no gather), then each key block read once and scored against every query that selected it, the
+(query, block) pairs sorted by block (the authors' varlen FlashAttention is key-block-major too), an
+online softmax across a query's blocks and recomputation in the backward. A decoding step (a few queries
+at an offset) uses the tiled kernel of :mod:`attention_zoo.block_sparse` instead: the (b, h, position) axes
+flattened into one row axis (the kernel sees B = H = 1) and, per rank, the pairs sorted by block and cut
+into tiles of T queries against the B keys of that block. The dense (N, N) score matrix is never formed,
+except with ``impl="dense"``: the same selection as an (N, N) mask and a masked softmax, for short sequences.
 
 Cost per head: gate 2 N n d (with n = N / B blocks: quadratic, but B-fold below full attention's);
-attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k + N B) (the last: the causal mask of
-the own-block tiles, in bits), plus the kernel's fixed-size chunks. Tiles are padded per (block, rank),
-costing about T / (2 * mean routed count per block and rank) extra rows (T is a quarter of that mean, at
-most 64); causal own-block tiles compute the whole block, half of it masked.
+attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k), plus the kernels' fixed-size
+chunks. The block-level kernel pads the query lists of the sequences batched on one key block to the
+longest (at most 15% of the rows); the causal own block computes 5/8 of its scores
+(in slabs of rows; only their diagonal squares are masked).
 
 Decoding (``has_decoding_cache``): the state keeps the keys and values so far in whole blocks (capacity
 doubles), which slots hold real tokens, and every block's running key sum and real-key count; causal
@@ -71,6 +69,7 @@ from attention_zoo import chunking
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
 from attention_zoo.masks import masked_attention
+from attention_zoo.moba_kernel import moba_attention
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
 
@@ -102,7 +101,8 @@ class MixtureOfBlockAttention(AttentionCore):
     ) -> None:
         """``block_size`` B: keys per block (>= 1); ``top_k``: gated blocks per query besides its own (>= 0;
         0 = attention inside blocks only). Defaults: the paper's block 512, top-k 3 (own block included).
-        ``impl``: ``"tiled"`` (default) the block-sparse kernel below, O(N (top_k + 1) B) per head;
+        ``impl``: ``"tiled"`` (default) the block-level kernel of :mod:`attention_zoo.moba_kernel`,
+        O(N (top_k + 1) B) per head;
         ``"dense"`` the (N, N) mask of the same selection and a masked softmax, O(N^2): the same output, and
         faster at short lengths, where the tiled kernel's per-call layout costs more than the scores it skips."""
         super().__init__(geometry)
@@ -131,8 +131,7 @@ class MixtureOfBlockAttention(AttentionCore):
         selected[:, :, n:, 1:] = -1  # the completing slots gate nothing in (rank 0 keeps every row in the kernel)
         if self.impl == "dense":
             return dense_routed_attention(q, k, v, selected, real, c, causal, self.scale)[:, :, :n]
-        out = routed_attention(q, k, v, selected, real, c, offset=0, causal=causal, scale=self.scale)
-        return out[:, :, :n]
+        return moba_attention(q, k, v, selected, real, c, causal, self.scale)[:, :, :n]
 
     @torch.no_grad()
     def select_blocks(self, q: Tensor, sums: Tensor, counts: Tensor, *, offset: int, causal: bool) -> Tensor:
