@@ -17,12 +17,13 @@ chunk to chunk (the Performer paper's App. B.3 "non-parallel aggregation"). Neit
 of cumulative outer products that public code builds nor one state per chunk ever exists. Backward
 (:class:`CausalProduct`) follows Katharopoulos Sec. 3.3.1: the gradients are themselves causal products,
 grad phi(Q) = causal(G, [V 1], phi(K)), and grad phi(K), grad [V 1] are anti-causal products of
-([V 1], G, phi(Q)) and (phi(K), phi(Q), G), run as causal products of the reversed sequence; each again
-carries one state.
+([V 1], G, phi(Q)) and (phi(K), phi(Q), G), scanned from the last chunk to the first (no sequence is
+flipped); each again carries one state. The scans live in :mod:`attention_zoo.kernel_products`.
 
 Cost per (batch, head): time O(n c (m + D) + n m D); memory O(n (m + D + c) + m D): the features of
 every position are kept for backward, as autograd keeps any activation (App. B.3's O(m d + L d + m L)),
-and the in-chunk blocks, n c in all, live during one product.
+and the in-chunk blocks, n c in all, live during one product. Performer's non-causal form keeps no
+feature map at all (:class:`~attention_zoo.kernel_products.FavorAttention`).
 
 Conventions of this implementation (the papers leave them open):
 - Precision (:mod:`attention_zoo.precision`): features, state and normaliser are float32 for bf16/fp16
@@ -59,10 +60,8 @@ from einops import rearrange, reduce
 from torch import Tensor
 
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
-from attention_zoo.decoding_cache import builds_graph
+from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, normalised
 from attention_zoo.precision import full_precision
-
-LOW = -1e30  # log-scale of a padded key: exp(LOW - anything real) = 0, and LOW - LOW = 0 (never NaN)
 
 
 class KernelState(DecodingState):
@@ -128,9 +127,8 @@ class KernelAttention(AttentionCore):
         chunk = min(self.chunk_size, length)
         tail = -(-length // chunk) * chunk - length  # completes the last chunk
         q_front, k_front = length - nq, length - nk  # puts query i at key position i + nk - nq
-        fq = F.pad(fq, (0, 0, q_front, tail))
-        fk = F.pad(fk, (0, 0, k_front, tail), value=-math.inf if self.log_key_features else 0.0)
-        values = F.pad(values, (0, 0, k_front, tail))
+        fq, values = padded(fq, q_front, tail), padded(values, k_front, tail)
+        fk = padded(fk, k_front, tail, -math.inf if self.log_key_features else 0.0)
         fk, scale = self.normalised_keys(fk)
         return CausalProduct.apply(fq, fk, values, scale, chunk)[:, :, q_front : q_front + nq]
 
@@ -141,7 +139,8 @@ class KernelAttention(AttentionCore):
             return fk, None
         scale = reduce(fk.detach(), "b h n f -> b h n", "max")
         scale = torch.where(torch.isfinite(scale), scale, LOW)
-        return torch.exp(fk - rearrange(scale, "b h n -> b h n 1")), scale
+        # in place: fk is the feature map's own output, which no backward keeps
+        return fk.sub_(rearrange(scale, "b h n -> b h n 1")).exp_(), scale
 
     def start_decoding(self) -> KernelState:
         self.check_decodable()
@@ -161,8 +160,8 @@ class KernelAttention(AttentionCore):
             steps = q.shape[-2]
             chunk = min(self.chunk_size, steps)
             tail = -(-steps // chunk) * chunk - steps  # padded positions add nothing to the state
-            fq, values = F.pad(fq, (0, 0, 0, tail)), F.pad(values, (0, 0, 0, tail))
-            fk = F.pad(fk, (0, 0, 0, tail), value=-math.inf if self.log_key_features else 0.0)
+            fq, values = padded(fq, 0, tail), padded(values, 0, tail)
+            fk = padded(fk, 0, tail, -math.inf if self.log_key_features else 0.0)
             fk, scale = self.normalised_keys(fk)
             sums, state.sums, state.reference = causal_scan(
                 fq, fk, values, scale, None, chunk, state.sums, state.reference
@@ -170,95 +169,6 @@ class KernelAttention(AttentionCore):
             return normalised(sums[:, :, :steps]).to(q.dtype)
 
 
-def normalised(sums: Tensor) -> Tensor:
-    """Numerator over denominator (the last column); 0 where the denominator is 0, with finite gradients.
-    A NaN denominator (NaN or inf in q or k) stays NaN: non-finite input must not turn into zeros."""
-    numerator, denominator = sums[..., :-1], sums[..., -1:]
-    some = ~(denominator <= 0)  # not `> 0`: that is False for NaN, which would hide the NaN as a 0
-    return torch.where(some, numerator / torch.where(some, denominator, 1.0), 0.0)
-
-
-def causal_scan(
-    a: Tensor,
-    b: Tensor,
-    c: Tensor,
-    scale: Tensor | None,
-    rows: Tensor | None,
-    chunk: int,
-    state: Tensor | None = None,
-    reference: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor | None]:
-    """out_i = rows_i sum_{j <= i} exp(scale_j - sigma_i) (a_i . b_j) c_j with sigma_i = max_{j <= i} scale_j,
-    for ``a, b: (B, H, L, r)``, ``c: (B, H, L, e)``, ``scale, rows: (B, H, L)`` (None: all 1), L a multiple
-    of ``chunk``. The blocks inside the chunks are computed for all chunks at once; the earlier chunks reach
-    a chunk through one carried state, sum_j exp(scale_j - sigma_end) b_j c_j^T, updated chunk by chunk.
-    ``state`` (B, H, r, e) and its ``reference`` sigma (B, H, 1) continue a previous scan (decoding).
-    Returns the outputs and the final state and reference."""
-    # x: batch x heads, g: chunk, i / j: query / key position in a chunk
-    (batch, heads, n, r), e = a.shape, c.shape[-1]
-    blocks = lambda t: rearrange(t, "b h (g i) ... -> (b h) g i ...", i=chunk)
-    a, b, c = blocks(a), blocks(b), blocks(c)
-    scores = a @ b.transpose(-1, -2)  # (x, g, i, j)
-    state = a.new_zeros(batch * heads, r, e) if state is None else rearrange(state, "b h r e -> (b h) r e")
-    if scale is None:
-        keys, scores, carried_factor, decay = b, scores.tril(), None, None
-    else:
-        start = a.new_full((batch * heads, 1), LOW) if reference is None else rearrange(reference, "b h 1 -> (b h) 1")
-        level = torch.maximum(blocks(scale).flatten(1).cummax(dim=-1).values, start)
-        level, scale = rearrange(level, "x (g i) -> x g i", i=chunk), blocks(scale)
-        above = torch.ones(chunk, chunk, dtype=torch.bool, device=a.device).triu(1)
-        scores = scores * torch.exp((scale.unsqueeze(-2) - level.unsqueeze(-1)).masked_fill(above, -math.inf))
-        end = level[..., -1]  # sigma at the end of each chunk: the reference of the state after it
-        before = torch.cat([start, end[:, :-1]], dim=-1)  # the reference of the state entering each chunk
-        keys = b * torch.exp(scale - end.unsqueeze(-1)).unsqueeze(-1)
-        carried_factor, decay = torch.exp(before.unsqueeze(-1) - level), torch.exp(before - end)
-    out = scores @ c
-    # out= into one buffer saves a copy, but autograd refuses it: a double backward differentiates this scan
-    graph = builds_graph(a, b, c, state)
-    carried = [] if graph else a.new_empty(n // chunk, batch * heads, chunk, e)
-    for g in range(n // chunk):
-        if graph:
-            carried.append(torch.bmm(a[:, g], state))
-        else:
-            torch.bmm(a[:, g], state, out=carried[g])
-        if decay is not None:
-            state = state * decay[:, g, None, None]
-        state = torch.baddbmm(state, keys[:, g].transpose(1, 2), c[:, g])
-    carried = rearrange(torch.stack(carried) if graph else carried, "g x i e -> x g i e")
-    out = out + (carried if carried_factor is None else carried * carried_factor.unsqueeze(-1))
-    if rows is not None:
-        out = out * blocks(rows).unsqueeze(-1)
-    unblocks = lambda t: rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
-    end_reference = None if scale is None else rearrange(end[:, -1:], "(b h) 1 -> b h 1", b=batch)
-    return unblocks(out), rearrange(state, "(b h) r e -> b h r e", b=batch), end_reference
-
-
-class CausalProduct(torch.autograd.Function):
-    """``causal_scan(fq, fk, values, scale, None, chunk)`` with Katharopoulos Sec. 3.3.1's backward (module
-    docstring): one carried state per scan, no per-chunk states kept. ``scale`` gets no gradient (the
-    reference it sets cancels). The backward is itself made of causal scans, so with create_graph=True
-    autograd differentiates it again: second-order gradients are exact."""
-
-    @staticmethod
-    def forward(ctx, fq: Tensor, fk: Tensor, values: Tensor, scale: Tensor | None, chunk: int) -> Tensor:
-        ctx.save_for_backward(fq, fk, values, scale)
-        ctx.chunk = chunk
-        return causal_scan(fq, fk, values, scale, None, chunk)[0]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        fq, fk, values, scale = ctx.saved_tensors
-        chunk, needs = ctx.chunk, ctx.needs_input_grad
-        flip = lambda t: None if t is None else t.flip(-2 if t.ndim == 4 else -1)
-        # anti-causal sums over i >= j of exp(scale_j - sigma_i): reversed, the "keys" i carry -sigma_i (whose
-        # running maximum from the end is -sigma_j) and the rows j a factor exp(scale_j - sigma_j) <= 1
-        level = None if scale is None else scale.cummax(dim=-1).values
-        back_scale = None if scale is None else flip(-level)
-        back_rows = None if scale is None else flip(torch.exp(scale - level))
-        grad_fq = causal_scan(grad, values, fk, scale, None, chunk)[0] if needs[0] else None
-        grad_fk = grad_values = None
-        if needs[1]:
-            grad_fk = flip(causal_scan(flip(values), flip(grad), flip(fq), back_scale, back_rows, chunk)[0])
-        if needs[2]:
-            grad_values = flip(causal_scan(flip(fk), flip(fq), flip(grad), back_scale, back_rows, chunk)[0])
-        return grad_fq, grad_fk, grad_values, None, None
+def padded(t: Tensor, front: int, back: int, value: float = 0.0) -> Tensor:
+    """``t`` with positions added before and after (F.pad copies even when it adds none)."""
+    return t if front == back == 0 else F.pad(t, (0, 0, front, back), value=value)

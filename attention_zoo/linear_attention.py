@@ -43,4 +43,4 @@ class LinearAttention(KernelAttention):
     )
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
-        return F.elu(x) + 1.0
+        return F.elu(x).add_(1.0)  # in place: elu's backward reads its input, not its output

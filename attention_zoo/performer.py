@@ -42,8 +42,9 @@ Choromanski et al. 2021, "Rethinking Attention with Performers", ICLR 2021, arXi
 Numerical stabiliser. The authors' code subtracts, inside the exponent, the row maximum max_l w_l^T x from
 each query (a constant per query, which cancels in D^-1 A) and one global maximum over all keys and
 features from the keys (a constant per sequence and head). Here:
-- queries: the row maximum of the whole exponent w_l^T x - |x|^2 / 2, so a query's largest feature is
-  exactly 1 / sqrt(m) (the same cancelling constant, shifted by |x|^2 / 2);
+- queries: the row maximum of the whole exponent w_l^T x - |x|^2 / 2 (the same cancelling constant, shifted
+  by |x|^2 / 2), so a query's largest feature is exactly 1: the 1 / sqrt(m) of eq. (5), a constant too, is
+  left out (for keys as well, and in ``kernel="relu"``);
 - keys, non-causal: the global maximum over real keys and features, as the reference;
 - keys, causal: a global maximum would depend on keys after the query (and on the total length, against
   the prefix property). Instead each key is divided by its own largest feature exp(kappa_j), and pair
@@ -57,7 +58,9 @@ The references carry no gradient: the output does not depend on them. The refere
 So float32 agrees with float64 even where every unstabilised feature underflows (tests/attention_zoo/test_performer.py).
 
 Complexity: O(L m d) time (features O(L m d), products O(L m d), causal chunks O(L c (m + d))); memory
-O(L (m + d + c) + m d) per head. Decoding keeps an m x (d + 1) state per head: O(m d) per token.
+O(L (m + d + c) + m d) per head causal; non-causal O(L d + m d): the features exist one chunk of positions
+at a time and are recomputed in backward (``kernel_products.FavorAttention``). Decoding keeps an
+m x (d + 1) state per head: O(m d) per token.
 
 Limits: an estimate, not softmax attention. Its variance grows as exp(|x + y|^2) / m (Lemma 2), so the
 error depends on the size of q and k as much as on m: with unit-scale entries of q and k the estimate is
@@ -67,15 +70,16 @@ unit-scale activations is therefore far from softmax; training (and redrawing) i
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, Geometry
+from attention_zoo.core import Approximation, Geometry, zero_padded
 from attention_zoo.kernel_attention import KernelAttention
+from attention_zoo.kernel_products import FavorAttention, feature_chunk
+from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
 
 Kernel = Literal["softmax", "relu"]
@@ -152,15 +156,25 @@ class PerformerAttention(KernelAttention):
         # a forward inside a backward pass is activation checkpointing's recompute: not a new pass (docstring)
         if self.training and torch._C._current_graph_task_id() == -1:
             self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
-        return super().attend(q, k, v, mask=mask, causal=causal)
+        if causal:
+            return super().attend(q, k, v, mask=mask, causal=causal)
+        # non-causal: the features exist one chunk of positions at a time, in forward and backward
+        with full_precision(q) as compute:
+            if mask is not None and q.shape[-2] == k.shape[-2]:
+                q = zero_padded(q, mask)
+            w, chunk = self.projection(q.device, compute), feature_chunk(q, self.nb_features)
+            hidden = None if mask is None else ~rearrange(mask, "b j -> b 1 j 1")
+            x, y, values, relu = q.to(compute), k.to(compute), v.to(compute), self.kernel == "relu"
+            return FavorAttention.apply(x, y, values, w, self.dim_head**-0.25, hidden, relu, chunk).to(q.dtype)
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
-        # b: batch, h: heads, n: positions, f: features
-        x = x * self.dim_head**-0.25
-        projected = x @ self.projection(x.device, x.dtype).T  # w_l^T x: (b, h, n, f)
+        # b: batch, h: heads, n: positions, f: features. Up to factors that cancel in D^-1 A (docstring):
+        # 1 / sqrt(m) always, and a query's |x|^2 / 2; each dropped factor is an (n, m) pass saved, and the
+        # passes run in place (the product's backward keeps its inputs, not its output): one (n, m) tensor
+        scale = self.dim_head**-0.25
+        projected = x @ (self.projection(x.device, x.dtype).T * scale)  # w_l^T (x d^-1/4): (b, h, n, f)
         if self.kernel == "relu":
-            return F.relu(projected) / math.sqrt(self.nb_features)
-        exponent = projected - 0.5 * (x * x).sum(dim=-1, keepdim=True)
-        if not is_query:
-            return exponent - 0.5 * math.log(self.nb_features)  # log phi(k), exponentiated by the engine
-        return torch.exp(exponent - exponent.detach().amax(dim=-1, keepdim=True)) / math.sqrt(self.nb_features)
+            return projected.relu_()
+        if not is_query:  # log phi(k), exponentiated by the engine
+            return projected.sub_((0.5 * scale**2) * (x * x).sum(dim=-1, keepdim=True))
+        return projected.sub_(projected.detach().amax(dim=-1, keepdim=True)).exp_()

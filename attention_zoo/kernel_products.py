@@ -1,0 +1,302 @@
+"""The products of the kernelized cores (:mod:`attention_zoo.kernel_attention`), with their backward.
+
+- :func:`causal_scan` and :class:`CausalProduct`: the exact causal product by chunked prefix sums and
+  Katharopoulos et al. Sec. 3.3.1's backward (see ``kernel_attention``).
+- :class:`FavorAttention`: Performer's non-causal attention D^-1 (Q' ((K')^T V)) (Choromanski et al. 2021,
+  eq. 4) computed from Q, K, V and W, position chunk by position chunk. An (n, m) feature map is m / d times
+  the size of q (four times at m = 256, d = 64); the allocator maps such large tensors fresh for every use,
+  and each page faults on first touch. Here only one chunk's features exist at a time, in forward and
+  backward, where they are recomputed from Q, K and W: the backward keeps Q, K, V, W, the output, its
+  denominators, the sums S (m x D) and z (m) and the key reference, all O(n D + m D).
+- :func:`normalised`: numerator over denominator, with a backward of few temporaries.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+from attention_zoo.chunking import chunk_elements
+from attention_zoo.decoding_cache import builds_graph
+
+LOW = -1e30  # log-scale of a padded key: exp(LOW - anything real) = 0, and LOW - LOW = 0 (never NaN)
+
+#: CPU elements of one chunk's feature map (all batches and heads): 2 MiB in float32, within L2 and far below
+#: the allocator's fresh-mapping threshold
+FEATURE_ELEMENTS = 1 << 19
+
+
+def feature_chunk(q: Tensor, m: int) -> int:
+    """Positions per chunk of :class:`FavorAttention` for ``q`` (B, H, N, d) and m features."""
+    return max(1, chunk_elements(q.device, FEATURE_ELEMENTS) // (q.shape[0] * q.shape[1] * m))
+
+
+def normalised(sums: Tensor) -> Tensor:
+    """Numerator over denominator (the last column); 0 where the denominator is <= 0, with finite gradients.
+    A NaN denominator (NaN or inf in q or k) stays NaN: non-finite input must not turn into zeros."""
+    return Normalised.apply(sums)
+
+
+def inverse(denominator: Tensor) -> Tensor:
+    """1 / denominator, 0 where it is <= 0 (with finite gradients there); NaN stays NaN."""
+    some = ~(denominator <= 0)  # not `> 0`: that is False for NaN, which would hide the NaN as a 0
+    return torch.where(some, 1.0 / torch.where(some, denominator, 1.0), 0.0)
+
+
+class Normalised(torch.autograd.Function):
+    """:func:`normalised` with a backward that writes the gradient in place, where autograd's of the where /
+    divide / slices makes several (n, D)-sized temporaries; differentiable, so double backward stays exact."""
+
+    @staticmethod
+    def forward(ctx, sums: Tensor) -> Tensor:
+        none = sums[..., -1:] <= 0  # False for NaN: a NaN denominator stays NaN
+        out = (sums[..., :-1] / sums[..., -1:].masked_fill(none, 1.0)).masked_fill_(none, 0.0)
+        ctx.save_for_backward(sums, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        sums, out = ctx.saved_tensors
+        # d out / d numerator = 1 / den, d out / d den = -out / den
+        if torch.is_grad_enabled():  # create_graph=True: out= is not differentiable
+            grad = grad * inverse(sums[..., -1:])
+            return torch.cat([grad, (grad * out).sum(dim=-1, keepdim=True).neg_()], dim=-1)
+        grad_sums = torch.empty_like(sums)
+        grad = torch.mul(grad, inverse(sums[..., -1:]), out=grad_sums[..., :-1])
+        grad_sums[..., -1] = torch.linalg.vecdot(grad, out).neg_()
+        return grad_sums
+
+
+def flat(t: Tensor) -> Tensor:
+    return rearrange(t, "b h n e -> (b h) n e")
+
+
+def finite_or_zero(t: Tensor) -> Tensor:
+    return torch.where(torch.isfinite(t), t, 0.0)
+
+
+def query_features(q: Tensor, w: Tensor, relu: bool) -> Tensor:
+    """phi(x) of queries ``q`` (X, c, d) for x = s q and ``w`` = s W^T (X, d, m), up to a positive factor per
+    query that cancels in D^-1 A: relu(W x), or exp(W x - max_l w_l^T x) (the row maximum: largest feature 1)."""
+    p = torch.bmm(q, w)
+    return p.relu_() if relu else p.sub_(p.amax(dim=-1, keepdim=True)).exp_()
+
+
+def key_features(k: Tensor, w: Tensor, s: float, relu: bool, hidden: Tensor | None, reference: Tensor | None):
+    """phi(y) of keys ``k`` (X, c, d), y = s k, up to one factor per (batch, head): relu(W y), or
+    exp(W y - |y|^2 / 2 - reference); 0 where ``hidden`` (X, c, 1) (padded keys). ``reference`` (X, 1, 1)
+    None: log phi(y) (-inf where hidden)."""
+    p = torch.bmm(k, w)
+    if relu:
+        return p.relu_() if hidden is None else p.relu_().masked_fill_(hidden, 0.0)
+    p.sub_((k * k).sum(dim=-1, keepdim=True), alpha=s * s / 2)
+    if hidden is not None:
+        p.masked_fill_(hidden, -math.inf)
+    return p if reference is None else p.sub_(reference).exp_()
+
+
+def dense_favor(q, k, v, w, s: float, hidden, relu: bool, reference: Tensor | None) -> Tensor:
+    """:class:`FavorAttention` with autograd, unchunked: what its backward differentiates when asked for a graph."""
+    pq, pk = q @ w, k @ w
+    if relu:
+        fq, fk = pq.relu(), pk.relu()
+    else:
+        fq = torch.exp(pq - pq.detach().amax(dim=-1, keepdim=True))
+        fk = torch.exp(pk - s * s / 2 * (k * k).sum(dim=-1, keepdim=True) - reference)
+    if hidden is not None:
+        fk = fk.masked_fill(hidden, 0.0)
+    return normalised(fq @ (fk.transpose(-1, -2) @ F.pad(v, (0, 1), value=1.0)))
+
+
+def causal_scan(
+    a: Tensor,
+    b: Tensor,
+    c: Tensor,
+    scale: Tensor | None,
+    rows: Tensor | None,
+    chunk: int,
+    state: Tensor | None = None,
+    reference: Tensor | None = None,
+    *,
+    reverse: bool = False,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """out_i = rows_i sum_{j <= i} exp(scale_j - sigma_i) (a_i . b_j) c_j with sigma_i = max_{j <= i} scale_j,
+    for ``a, b: (B, H, L, r)``, ``c: (B, H, L, e)``, ``scale, rows: (B, H, L)`` (None: all 1), L a multiple
+    of ``chunk``; ``reverse``: the anti-causal sums over j >= i (sigma_i = max_{j >= i} scale_j), scanned from
+    the end, so that no sequence is ever flipped. The blocks inside the chunks are computed for all chunks at
+    once; the earlier chunks reach a chunk through one carried state, sum_j exp(scale_j - sigma_end) b_j c_j^T,
+    updated chunk by chunk. ``state`` (B, H, r, e) and its ``reference`` sigma (B, H, 1) continue a previous
+    scan (decoding). Returns the outputs and the final state and reference."""
+    # x: batch x heads, g: chunk, i / j: query / key position in a chunk
+    (batch, heads, n, r), e = a.shape, c.shape[-1]
+    blocks = lambda t: rearrange(t, "b h (g i) ... -> (b h) g i ...", i=chunk)
+    a, b, c = blocks(a), blocks(b), blocks(c)
+    order = range(n // chunk - 1, -1, -1) if reverse else range(n // chunk)
+    scores = a @ b.transpose(-1, -2)  # (x, g, i, j)
+    state = a.new_zeros(batch * heads, r, e) if state is None else rearrange(state, "b h r e -> (b h) r e")
+    if scale is None:
+        keys, carried_factor, decay = b, None, None
+        scores = scores.triu_() if reverse else scores.tril_()
+    else:
+        start = a.new_full((batch * heads, 1), LOW) if reference is None else rearrange(reference, "b h 1 -> (b h) 1")
+        scale = blocks(scale).flatten(1)
+        level = scale.flip(-1).cummax(dim=-1).values.flip(-1) if reverse else scale.cummax(dim=-1).values
+        level = torch.maximum(level, start)
+        level, scale = rearrange(level, "x (g i) -> x g i", i=chunk), rearrange(scale, "x (g i) -> x g i", i=chunk)
+        hidden = torch.ones(chunk, chunk, dtype=torch.bool, device=a.device)
+        hidden = hidden.tril_(-1) if reverse else hidden.triu_(1)
+        scores.mul_(torch.exp((scale.unsqueeze(-2) - level.unsqueeze(-1)).masked_fill_(hidden, -math.inf)))
+        # sigma after each chunk (the reference of the state it leaves) and before it (of the state it gets)
+        end = level[..., 0] if reverse else level[..., -1]
+        before = torch.cat([end[:, 1:], start], dim=-1) if reverse else torch.cat([start, end[:, :-1]], dim=-1)
+        keys = b * torch.exp(scale - end.unsqueeze(-1)).unsqueeze(-1)
+        carried_factor, decay = torch.exp(before.unsqueeze(-1) - level).unsqueeze(-1), torch.exp(before - end)
+    out = scores @ c
+    # in place into the outputs where no graph is recorded (a double backward differentiates this scan)
+    graph = builds_graph(a, b, c, state)
+    carried = {} if graph else out.new_empty(batch * heads, chunk, e)
+    for g in order:
+        term = a[:, g] if carried_factor is None else a[:, g] * carried_factor[:, g]
+        if graph:
+            carried[g] = torch.bmm(term, state)
+        else:  # a chunk of out has a batch stride of n e: a product into it would loop over the batch
+            out[:, g].add_(torch.bmm(term, state, out=carried))
+        if decay is not None:
+            state = state * decay[:, g, None, None]
+        state = torch.baddbmm(state, keys[:, g].transpose(1, 2), c[:, g])
+    if graph:
+        out = out + torch.stack([carried[g] for g in range(n // chunk)], dim=1)
+    if rows is not None:
+        rows = blocks(rows).unsqueeze(-1)
+        out = out * rows if graph else out.mul_(rows)
+    unblocks = lambda t: rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
+    end_reference = None if scale is None else rearrange(end[:, order[-1], None], "(b h) 1 -> b h 1", b=batch)
+    return unblocks(out), rearrange(state, "(b h) r e -> b h r e", b=batch), end_reference
+
+
+class CausalProduct(torch.autograd.Function):
+    """``causal_scan(fq, fk, values, scale, None, chunk)`` with Katharopoulos Sec. 3.3.1's backward
+    (``kernel_attention``): one carried state per scan, no per-chunk states kept. ``scale`` gets no gradient
+    (the reference it sets cancels). The backward is itself made of causal scans, so with create_graph=True
+    autograd differentiates it again: second-order gradients are exact."""
+
+    @staticmethod
+    def forward(ctx, fq: Tensor, fk: Tensor, values: Tensor, scale: Tensor | None, chunk: int) -> Tensor:
+        ctx.save_for_backward(fq, fk, values, scale)
+        ctx.chunk = chunk
+        return causal_scan(fq, fk, values, scale, None, chunk)[0]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        fq, fk, values, scale = ctx.saved_tensors
+        chunk, needs = ctx.chunk, ctx.needs_input_grad
+        grad = grad.contiguous()
+        # anti-causal sums over i >= j of exp(scale_j - sigma_i) = exp(scale_j - sigma_j) exp(sigma_j - sigma_i):
+        # pairs weighted by "scale" -sigma_i (whose maximum over i >= j is -sigma_j), rows j by exp(scale_j - sigma_j)
+        level = None if scale is None else scale.cummax(dim=-1).values
+        back_scale = None if scale is None else -level
+        back_rows = None if scale is None else torch.exp(scale - level)
+        back = lambda a, b, c: causal_scan(a, b, c, back_scale, back_rows, chunk, reverse=True)[0]
+        grad_fq = causal_scan(grad, values, fk, scale, None, chunk)[0] if needs[0] else None
+        grad_fk = back(values, grad, fq) if needs[1] else None
+        grad_values = back(fk, fq, grad) if needs[2] else None
+        return grad_fq, grad_fk, grad_values, None, None
+
+
+class FavorAttention(torch.autograd.Function):
+    """Performer's non-causal output D^-1 (Q' ((K')^T V)), ``(B, H, Nq, D)``, for ``q, k`` (B, H, N, d), ``v``
+    (B, H, Nk, D), ``w`` W (m, d), ``s`` = d^-1/4 (x = s q, y = s k), ``hidden`` (B, 1, Nk, 1) True at padded
+    keys (or None), ``relu`` the kernel, ``chunk`` positions per chunk. Stabilisers: the query row maximum
+    (:func:`query_features`) and, for keys, the maximum of log phi(K) over real keys (the authors' global key
+    maximum), kept as a running maximum, with the sums S = sum_j phi(K_j) V_j^T and z = sum_j phi(K_j)
+    rescaled by exp(old - new) <= 1 when it grows; NaN in a real key stays NaN. Normalised as
+    :func:`normalised`. W gets no gradient (it is drawn, not learned). The backward recomputes each chunk's
+    features; with create_graph=True it differentiates :func:`dense_favor` instead, so second-order
+    gradients are exact."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, w, s: float, hidden, relu: bool, chunk: int) -> Tensor:
+        # x: batch x heads, i / j: query / key positions, f: features, e: value width
+        shape, (batch, heads) = q.shape[:-1] + v.shape[-1:], q.shape[:2]
+        inputs = q, k, v
+        q, k, v = (flat(t) for t in inputs)
+        w = (w.T * s).expand(q.shape[0], -1, -1)
+        if hidden is not None:
+            hidden = rearrange(hidden.expand(-1, heads, -1, -1), "b h j 1 -> (b h) j 1")
+        sums, normaliser = v.new_zeros(q.shape[0], w.shape[-1], v.shape[-1]), v.new_zeros(q.shape[0], w.shape[-1], 1)
+        top = v.new_full((q.shape[0], 1, 1), -math.inf)  # running maximum of log phi(K)
+        ones = v.new_ones(1, chunk, 1).expand(q.shape[0], -1, -1)
+        for j in range(0, k.shape[1], chunk):
+            fk = key_features(
+                k[:, j : j + chunk], w, s, relu, None if hidden is None else hidden[:, j : j + chunk], None
+            )
+            if not relu:
+                new_top = torch.maximum(top, fk.amax(dim=(-2, -1), keepdim=True))
+                reference = finite_or_zero(new_top)
+                # a NaN or -inf running maximum leaves the sums as they are: NaN stays NaN, and 0 stays 0
+                factor = torch.where(torch.isfinite(top), torch.exp(top - reference), 1.0)
+                sums.mul_(factor)
+                normaliser.mul_(factor)
+                fk, top = fk.sub_(reference).exp_(), new_top
+            torch.baddbmm(sums, fk.transpose(1, 2), v[:, j : j + chunk], out=sums)
+            # a product with ones rather than a sum: the same work, and the FLOP counter sees phi(K)^T [V 1]
+            torch.baddbmm(normaliser, fk.transpose(1, 2), ones[:, : fk.shape[1]], out=normaliser)
+        out, denominator = q.new_empty(q.shape[:2] + v.shape[-1:]), q.new_empty(q.shape[:2] + (1,))
+        for i in range(0, q.shape[1], chunk):
+            fq = query_features(q[:, i : i + chunk], w, relu)
+            torch.bmm(fq, normaliser, out=denominator[:, i : i + chunk])
+            out[:, i : i + chunk] = normalised(torch.cat([torch.bmm(fq, sums), denominator[:, i : i + chunk]], -1))
+        reference = None if relu else finite_or_zero(top)
+        ctx.save_for_backward(*inputs, w, hidden, sums, normaliser, reference, out, denominator)
+        ctx.s, ctx.relu, ctx.chunk, ctx.batch = s, relu, chunk, batch
+        return out.view(shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        *inputs, w, hidden, sums, normaliser, reference, out, denominator = ctx.saved_tensors
+        s, relu, chunk, needs = ctx.s, ctx.relu, ctx.chunk, ctx.needs_input_grad[:3]
+        unflat = lambda t: rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
+        none = (None,) * 5
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            with torch.enable_grad():
+                again = unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference))
+            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
+            return (*(next(grads) if need else None for need in needs), *none)
+        (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
+        grad_q, grad_k, grad_v = (
+            torch.empty_like(t) if need else None for t, need in zip((q, k, v), needs, strict=True)
+        )
+        grad_sums, grad_normaliser = torch.zeros_like(sums), torch.zeros_like(normaliser)
+        for i in range(0, q.shape[1], chunk):
+            fq = query_features(q[:, i : i + chunk], w, relu)
+            # through normalised: d out / d numerator = 1 / den, d out / d den = -out / den (0 where den <= 0)
+            g = grad[:, i : i + chunk] * inverse(denominator[:, i : i + chunk])
+            g_den = (g * out[:, i : i + chunk]).sum(dim=-1, keepdim=True).neg_()
+            torch.baddbmm(grad_sums, fq.transpose(1, 2), g, out=grad_sums)
+            torch.baddbmm(grad_normaliser, fq.transpose(1, 2), g_den, out=grad_normaliser)
+            if needs[0]:
+                # the normaliser's rank-1 term apart: baddbmm broadcasting its input loops over the batch
+                grad_fq = torch.bmm(g, sums.transpose(1, 2)).addcmul_(g_den, normaliser.transpose(1, 2))
+                grad_fq = grad_fq.masked_fill_(fq <= 0, 0.0) if relu else grad_fq.mul_(fq)
+                torch.bmm(grad_fq, w.transpose(1, 2), out=grad_q[:, i : i + chunk])
+        for j in range(0, k.shape[1], chunk):
+            part = None if hidden is None else hidden[:, j : j + chunk]
+            fk = key_features(k[:, j : j + chunk], w, s, relu, part, reference)
+            if needs[2]:
+                torch.bmm(fk, grad_sums, out=grad_v[:, j : j + chunk])
+            if needs[1]:
+                grad_fk = torch.bmm(v[:, j : j + chunk], grad_sums.transpose(1, 2)).add_(
+                    grad_normaliser.transpose(1, 2)
+                )
+                if relu:
+                    torch.bmm(grad_fk.masked_fill_(fk <= 0, 0.0), w.transpose(1, 2), out=grad_k[:, j : j + chunk])
+                    continue
+                grad_fk.mul_(fk)  # d phi / d k = phi (s w - s^2 k): the |y|^2 / 2 of every key
+                part = k[:, j : j + chunk] * grad_fk.sum(dim=-1, keepdim=True)
+                torch.baddbmm(part, grad_fk, w.transpose(1, 2), alpha=1.0, beta=-s * s, out=grad_k[:, j : j + chunk])
+        return *(None if t is None else unflat(t) for t in (grad_q, grad_k, grad_v)), *none
