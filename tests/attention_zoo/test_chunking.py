@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo import block_sparse, chunking, lsh_kernel, moba, nystrom
+from attention_zoo import block_sparse, chunking, lsh_kernel, moba, moba_kernel, nystrom
 from attention_zoo.masks import pad_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -127,7 +127,7 @@ def count_calls(monkeypatch, module, name: str, measure) -> list[int]:
 
     def spy(*args):
         result = real(*args)
-        if name == "_chunks":
+        if name in ("_chunks", "_own_chunks"):  # generators: counted, then handed on as lists
             result = list(result)
         seen.append(measure(result, *args))
         return result
@@ -186,22 +186,23 @@ def test_lsh_one_block_per_round_equals_the_cpu_blocks(monkeypatch, force_accele
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_moba_one_chunk_equals_the_cpu_chunks(monkeypatch, force_accelerator_budget, causal):
-    # n = 2048, block 16: 128 blocks, 8 heads -> CPU gate chunks of 256 queries, 8 of them; forced 1.
-    # Tiled kernel: tiles of 4 rows against 16 keys, chunks of 2048 tiles on the CPU; the own block has
-    # 8 x 128 x 4 = 4096 tiles (2 chunks), each gated rank between 4097 and 6143 (padded per block: 3 chunks),
-    # 11 in all; forced: one per rank, 4
-    n = 2048
-    core = az.create_attention("moba", dim_head=16, heads=H, block_size=16, top_k=3).double()
+    # n = 4096, block 512: 8 blocks, 8 heads. Own blocks: CPU chunks of 2^19 // 512^2 = 2 of the 64 (head, block)
+    # pairs, 32 chunks in forward and in backward; forced: 1. Gated pairs: on the CPU a batch holds at most
+    # 2^19 // 512 = 1024 rows of one sequence, and a key block chosen by ~1,750 queries of a head is cut in two,
+    # so the CPU plan has more batches than the forced one
+    n = 4096
+    core = az.create_attention("moba", dim_head=16, heads=H, block_size=512, top_k=3).double()
     q, k, v = inputs(1, n, 16, seed=2)
-    steps = count_calls(monkeypatch, moba, "_gate_step", lambda step, *_: math.ceil(n / step))
-    chunks = count_calls(monkeypatch, block_sparse, "_chunks", lambda result, *_: len(result))
+    own = count_calls(monkeypatch, moba_kernel, "_own_chunks", lambda result, *_: len(result))
+    gated = count_calls(monkeypatch, moba_kernel, "gated_layout", lambda result, *_: len(result))
     want = run(core, q, k, v, causal=causal)
-    assert steps == [8] and chunks == [11, 11]  # forward, backward
+    assert own == [32, 32]  # forward, backward
+    cpu_batches = gated[0]
     force_accelerator_budget()
-    steps.clear()
-    chunks.clear()
+    own.clear()
+    gated.clear()
     assert_same(run(core, q, k, v, causal=causal), want)
-    assert steps == [1] and chunks == [4, 4]
+    assert own == [1, 1] and gated[0] < cpu_batches
 
 
 @pytest.mark.parametrize("causal", [False, True])
