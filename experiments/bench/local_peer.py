@@ -10,9 +10,9 @@ forward + backward), against the machine's matmul peak measured in the same proc
 The peer is not a dependency of the project and none of its code is in it: install it apart, for the
 measurement only, and put it on the path with ``--peer_path``::
 
-    pip download --no-deps local-attention hyper-connections -d /tmp/peer_wheels
-    pip install --no-deps --target /tmp/peer_site /tmp/peer_wheels/*.whl
-    python -m experiments.bench.local_peer --peer_path /tmp/peer_site --out experiments/results/cpu_peers/local.jsonl
+    pip download --no-deps local-attention hyper-connections -d .peer/wheels
+    pip install --no-deps --target .peer/site .peer/wheels/*.whl
+    python -m experiments.bench.local_peer --peer_path .peer/site --out experiments/results/cpu_peers/local.jsonl
 
 Each line of the output is one (n, w) case as JSON; the last line holds the matmul peak and the versions.
 """
