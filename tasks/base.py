@@ -199,8 +199,8 @@ class EncoderTask(ZooTask):
         loss = self.loss(logits, batch["labels"])
         is_train = stage == "train"
         if is_train and not self._logger_writes_this_step():
-            # the logger keeps only every log_every_n_steps-th training value; logging (and metric updates) at
-            # every step cost a small model about a fifth of its step time
+            # the logger keeps only every log_every_n_steps-th training value; logging and metric updates at the
+            # other steps are pure overhead, a sizeable share of a small model's step
             return loss
         batch_size = batch["tokens"].shape[0]
         logged = dict(on_step=is_train, on_epoch=not is_train, batch_size=batch_size)

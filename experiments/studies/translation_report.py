@@ -52,14 +52,10 @@ def table_rows(runs: list[tuple[str, Path, dict[str, Any]]]) -> list[dict[str, A
     rows = []
     for label, _, record in runs:
         metrics = record.get("metrics", {})
-        decoder = record.get("decoder_attention", {})
-        name = f"{record['attention']} {_options(record.get('attention_options'))}".strip()
-        if decoder:
-            name += f"; decoder {decoder.get('attention')} {_options(decoder.get('options'))}".rstrip()
         rows.append(
             {
                 "label": label,
-                "model": name,
+                "model": model_name(record),
                 "ppl_dev": metrics.get("val/ppl"),
                 "bleu_dev": metrics.get("val/bleu"),
                 "bleu_test": metrics.get("test/bleu"),
@@ -183,6 +179,15 @@ def replot(out: Path) -> None:
     with open(out / "curves.csv") as file:
         points = [{**row, "step": int(row["step"]), "value": float(row["value"])} for row in csv.DictReader(file)]
     plot(points, out / "curves.png", out.name)
+
+
+def model_name(record: dict[str, Any]) -> str:
+    """A run as it ran, from its run.json: encoder attention and options, then the decoder self-attention."""
+    name = f"{record['attention']} {_options(record.get('attention_options'))}".strip()
+    decoder = record.get("decoder_attention", {})
+    if decoder:
+        name += f"; decoder {decoder.get('attention')} {_options(decoder.get('options'))}".rstrip()
+    return name
 
 
 def _options(options: dict | None) -> str:

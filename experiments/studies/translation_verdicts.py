@@ -31,6 +31,7 @@ from sacrebleu.significance import PairedTest
 
 from experiments.stats import DEFAULT_MARGINS, RULE, margin_text, paired_difference
 from experiments.studies.common import write_csv
+from experiments.studies.translation_report import model_name
 from tasks.translation import TEST_TRANSLATIONS
 
 COLUMNS = (
@@ -55,15 +56,8 @@ def translations(run_dir: Path) -> tuple[list[str], list[str]]:
 
 
 def arm_name(experiment: Path, run_dir: Path) -> str:
-    """The arm as run: encoder attention and options, decoder self-attention (from the run's record)."""
-    record = json.loads((run_dir / "run.json").read_text())
-    options = " ".join(f"{k}={v}" for k, v in (record.get("attention_options") or {}).items())
-    decoder = record.get("decoder_attention") or {}
-    decoder_options = " ".join(f"{k}={v}" for k, v in (decoder.get("options") or {}).items())
-    name = f"{record['attention']} {options}".strip()
-    if decoder:
-        name += f"; decoder {decoder.get('attention')} {decoder_options}".rstrip()
-    return f"{name} ({experiment.name})"
+    """The arm as run (:func:`translation_report.model_name`), with its experiment."""
+    return f"{model_name(json.loads((run_dir / 'run.json').read_text()))} ({experiment.name})"
 
 
 def seed_row(reference: Path, arm: Path, samples: int) -> dict[str, Any]:
