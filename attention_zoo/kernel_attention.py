@@ -60,7 +60,7 @@ from einops import rearrange, reduce
 from torch import Tensor
 
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
-from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, normalised
+from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, finite_or_zero, normalised
 from attention_zoo.precision import full_precision
 
 
@@ -117,7 +117,7 @@ class KernelAttention(AttentionCore):
         """phi(Q) (phi(K)^T [V 1]), ``(B, H, Nq, D + 1)``."""
         if self.log_key_features:
             reference = reduce(fk.detach(), "b h j f -> b h 1 1", "max")
-            fk = torch.exp(fk - torch.where(torch.isfinite(reference), reference, 0.0))
+            fk = torch.exp(fk - finite_or_zero(reference))
         return fq @ (fk.transpose(-1, -2) @ values)
 
     def causal_sums(self, fq: Tensor, fk: Tensor, values: Tensor) -> Tensor:
