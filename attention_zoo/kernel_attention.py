@@ -60,6 +60,7 @@ from einops import rearrange, reduce
 from torch import Tensor
 
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
+from attention_zoo.kernel_bidirectional import bidirectional
 from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, finite_or_zero, normalised
 from attention_zoo.precision import full_precision
 
@@ -104,21 +105,23 @@ class KernelAttention(AttentionCore):
             fq = self.features(q.to(compute), q_positions, is_query=True)
             fk = self.features(k.to(compute), torch.arange(nk, device=q.device), is_query=False)
             fk = self.masked_keys(fk, mask)
+            if not causal:
+                return bidirectional(fq, self.bidirectional_keys(fk), v.to(compute)).to(q.dtype)
             values = F.pad(v.to(compute), (0, 1), value=1.0)  # [V, 1]
-            sums = self.causal_sums(fq, fk, values) if causal else self.bidirectional_sums(fq, fk, values)
-            return normalised(sums).to(q.dtype)
+            return normalised(self.causal_sums(fq, fk, values)).to(q.dtype)
 
     def masked_keys(self, fk: Tensor, mask: Tensor | None) -> Tensor:
         if mask is None:
             return fk
         return fk.masked_fill(~rearrange(mask, "b j -> b 1 j 1"), -math.inf if self.log_key_features else 0.0)
 
-    def bidirectional_sums(self, fq: Tensor, fk: Tensor, values: Tensor) -> Tensor:
-        """phi(Q) (phi(K)^T [V 1]), ``(B, H, Nq, D + 1)``."""
-        if self.log_key_features:
-            reference = reduce(fk.detach(), "b h j f -> b h 1 1", "max")
-            fk = torch.exp(fk - finite_or_zero(reference))
-        return fq @ (fk.transpose(-1, -2) @ values)
+    def bidirectional_keys(self, fk: Tensor) -> Tensor:
+        """phi(K) for :func:`~attention_zoo.kernel_bidirectional.bidirectional`: log-domain features
+        exponentiated relative to their maximum over real keys."""
+        if not self.log_key_features:
+            return fk
+        reference = reduce(fk.detach(), "b h j f -> b h 1 1", "max")
+        return torch.exp(fk - finite_or_zero(reference))
 
     def causal_sums(self, fq: Tensor, fk: Tensor, values: Tensor) -> Tensor:
         """tril(phi(Q) phi(K)^T) [V 1] with the ends aligned, ``(B, H, Nq, D + 1)``, chunk by chunk."""

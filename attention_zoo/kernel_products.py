@@ -75,6 +75,17 @@ def flat(t: Tensor) -> Tensor:
     return rearrange(t, "b h n e -> (b h) n e")
 
 
+def matrix_vector(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for ``a`` (X, r, c) and ``b`` (X, c, 1) or (c, 1). On CPU one ``torch.mm`` per batch entry: a
+    single-column ``torch.bmm`` there takes about as long as a full (r, c) x (c, c) product."""
+    if a.device.type != "cpu":
+        return a @ b
+    out = a.new_empty(a.shape[0], a.shape[1], 1)
+    for x in range(a.shape[0]):
+        torch.mm(a[x], b if b.dim() == 2 else b[x], out=out[x])
+    return out
+
+
 def finite_or_zero(t: Tensor) -> Tensor:
     return torch.where(torch.isfinite(t), t, 0.0)
 
@@ -229,7 +240,7 @@ class FavorAttention(torch.autograd.Function):
             hidden = rearrange(hidden.expand(-1, heads, -1, -1), "b h j 1 -> (b h) j 1")
         sums, normaliser = v.new_zeros(q.shape[0], w.shape[-1], v.shape[-1]), v.new_zeros(q.shape[0], w.shape[-1], 1)
         top = v.new_full((q.shape[0], 1, 1), -math.inf)  # running maximum of log phi(K)
-        ones = v.new_ones(1, chunk, 1).expand(q.shape[0], -1, -1)
+        ones = v.new_ones(chunk, 1)
         for j in range(0, k.shape[1], chunk):
             fk = key_features(
                 k[:, j : j + chunk], w, s, relu, None if hidden is None else hidden[:, j : j + chunk], None
@@ -244,11 +255,11 @@ class FavorAttention(torch.autograd.Function):
                 fk, top = fk.sub_(reference).exp_(), new_top
             torch.baddbmm(sums, fk.transpose(1, 2), v[:, j : j + chunk], out=sums)
             # a product with ones rather than a sum: the same work, and the FLOP counter sees phi(K)^T [V 1]
-            torch.baddbmm(normaliser, fk.transpose(1, 2), ones[:, : fk.shape[1]], out=normaliser)
+            normaliser.add_(matrix_vector(fk.transpose(1, 2), ones[: fk.shape[1]]))
         out, denominator = q.new_empty(q.shape[:2] + v.shape[-1:]), q.new_empty(q.shape[:2] + (1,))
         for i in range(0, q.shape[1], chunk):
             fq = query_features(q[:, i : i + chunk], w, relu)
-            torch.bmm(fq, normaliser, out=denominator[:, i : i + chunk])
+            denominator[:, i : i + chunk] = matrix_vector(fq, normaliser)
             out[:, i : i + chunk] = normalised(torch.cat([torch.bmm(fq, sums), denominator[:, i : i + chunk]], -1))
         reference = None if relu else finite_or_zero(top)
         ctx.save_for_backward(*inputs, w, hidden, sums, normaliser, reference, out, denominator)
@@ -278,7 +289,7 @@ class FavorAttention(torch.autograd.Function):
             g = grad[:, i : i + chunk] * inverse(denominator[:, i : i + chunk])
             g_den = (g * out[:, i : i + chunk]).sum(dim=-1, keepdim=True).neg_()
             torch.baddbmm(grad_sums, fq.transpose(1, 2), g, out=grad_sums)
-            torch.baddbmm(grad_normaliser, fq.transpose(1, 2), g_den, out=grad_normaliser)
+            grad_normaliser.add_(matrix_vector(fq.transpose(1, 2), g_den))
             if needs[0]:
                 # the normaliser's rank-1 term apart: baddbmm broadcasting its input loops over the batch
                 grad_fq = torch.bmm(g, sums.transpose(1, 2)).addcmul_(g_den, normaliser.transpose(1, 2))
