@@ -73,6 +73,7 @@ class CosFormerAttention(KernelAttention):
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
         # b: batch, h: heads, n: positions, d: head dim
-        angle = rearrange(positions.to(x.dtype) * (math.pi / (2 * self.max_seq_len)), "n -> n 1")
-        positive = F.relu(x)
-        return torch.cat([positive * torch.cos(angle), positive * torch.sin(angle)], dim=-1)
+        angle = positions.to(x.dtype) * (math.pi / (2 * self.max_seq_len))
+        weights = rearrange([torch.cos(angle), torch.sin(angle)], "t n -> n t 1")
+        # one broadcast product writes [ReLU(x) cos, ReLU(x) sin] (the order of the docstring's phi) in one pass
+        return rearrange(F.relu(x).unsqueeze(-2) * weights, "b h n t d -> b h n (t d)")
