@@ -171,11 +171,16 @@ def causal_scan(
     graph = builds_graph(a, b, c, state)
     carried = {} if graph else out.new_empty(batch * heads, chunk, e)
     for g in order:
-        term = a[:, g] if carried_factor is None else a[:, g] * carried_factor[:, g]
+        # the factor is one per query row: it scales the (c, e) product, not the (c, r) block of a
         if graph:
-            carried[g] = torch.bmm(term, state)
+            carried[g] = torch.bmm(a[:, g], state)
+            carried[g] = carried[g] if carried_factor is None else carried[g] * carried_factor[:, g]
         else:  # a chunk of out has a batch stride of n e: a product into it would loop over the batch
-            out[:, g].add_(torch.bmm(term, state, out=carried))
+            product = torch.bmm(a[:, g], state, out=carried)
+            if carried_factor is None:
+                out[:, g].add_(product)
+            else:
+                out[:, g].addcmul_(product, carried_factor[:, g])
         if decay is not None:
             state = state * decay[:, g, None, None]
         state = torch.baddbmm(state, keys[:, g].transpose(1, 2), c[:, g])
