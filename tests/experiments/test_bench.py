@@ -5,6 +5,7 @@ No timing asserts: times are only checked to be present and positive.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import io
 import json
@@ -370,3 +371,20 @@ def test_peak_fraction_is_achieved_over_the_measured_matmul_peak(tmp_path, monke
         fraction = stats["peak_fraction"]
         assert 0 < fraction <= 1 + 1e-12 and fraction == pytest.approx(1 / slowdown)
         assert fraction == pytest.approx(stats["gflops_per_s"] / (stats["device_peak_tflops"] * 1e3))
+
+
+def test_paired_ratio_times_full_and_each_mechanism_round_after_round(tmp_path, capsys):
+    from experiments.bench import paired_ratio
+
+    out = tmp_path / "ratios.csv"
+    assert paired_ratio.main(["--seq-len", "32", "--heads", "2", "--dim-head", "8", "--rounds", "2",
+                              "--attentions", "linear,local:window=8", "--causal", "--out", str(out)]) == 0  # fmt: skip
+    with out.open() as file:
+        rows = list(csv.DictReader(file))
+    assert [r["attention"] for r in rows] == ["full", "linear", "local"] and all(r["causal"] == "True" for r in rows)
+    full = float(rows[0]["ms_min"])
+    for row in rows:
+        assert float(row["ms_max"]) >= float(row["ms_min"]) > 0
+        assert float(row["speedup"]) == pytest.approx(full / float(row["ms_min"]))
+    assert paired_ratio.main(["--seq-len", "32", "--attentions", "nope"]) == 2
+    assert "unknown attention 'nope'" in capsys.readouterr().err
