@@ -15,7 +15,7 @@ decoder recomputed over the whole prefix at every step); EOS is never generated,
 exactly n tokens per sequence. Mode ``decode-step``, at the ``core`` level only: one step of step-by-step
 causal decoding (:meth:`attention_zoo.AttentionCore.decode`, one new position per sequence) after a prefill
 of n positions: the per-token cost of decoding at position n (constant for a recurrent state, growing
-with n for a key/value cache).
+with n for a key/value cache), timed over ``measure.DECODE_STEPS_PER_CALL`` steps per call and reported per step.
 
 A sweep is checked before anything runs: every setting has its type and range (:class:`BenchConfig`),
 every entry is built (on the ``meta`` device: no memory) at the sizes it will run at

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from experiments.bench import measure as bench_measure
 from experiments.bench import tables as bench_tables
 from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, load_config
 from experiments.bench.flops import case_flops
@@ -102,10 +103,20 @@ def test_decode_step_mode_times_one_step_after_a_prefill(attention, monkeypatch)
         return decode(core, q, k, v, state, mask=mask)
 
     monkeypatch.setattr(az.AttentionCore, "decode", counting)
+    monkeypatch.setattr(bench_measure, "DECODE_STEPS_PER_CALL", 3)
     result = measure_case(case, repeats=2, warmup=1)
     assert result["status"] == "ok", result and case_flops(case) is None
-    # a prefill of n positions, then one position per timed call (warm-up, repeats, the memory call)
-    assert calls == [(16, 0), (1, 16), (1, 17), (1, 18), (1, 19)]
+    # a prefill of n positions, then one position per step, 3 steps per call (warm-up, repeats, the memory call)
+    assert calls == [(16, 0)] + [(1, 16 + i) for i in range(4 * 3)]
+
+
+def test_decode_step_time_is_per_step_not_per_call(monkeypatch):
+    config = tiny_config(attentions=[AttentionSpec("linear")], levels=["core"], modes=["decode-step"], seq_lens=[16])
+    (case,) = expand(config, "cpu")
+    monkeypatch.setattr(bench_measure, "time_calls", lambda step, warmup, repeats, device: [0.032, 0.048])
+    result = measure_case(case, repeats=2, warmup=0)
+    steps = bench_measure.DECODE_STEPS_PER_CALL
+    assert result["time_ms_min"] == pytest.approx(32 / steps) and result["time_ms_max"] == pytest.approx(48 / steps)
 
 
 def test_decode_step_needs_the_core_level_and_a_causal_core():
