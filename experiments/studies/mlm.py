@@ -237,7 +237,7 @@ def table_rows(runs: list[dict], texts: list[dict] | None = None) -> list[dict]:
                           and other[4] == evaluation), None)  # fmt: skip
         item |= dict.fromkeys(("paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin"), "")
         item["verdict"] = "reference" if attention == "full" else "-"
-        if attention != "full" and reference:
+        if attention != "full" and reference and per_seed:
             full_mean = sum(reference.values()) / len(reference)
             margin = default_margin("val_ppl", full_mean)
             difference = paired_difference(per_seed, reference, margin=margin, higher_is_better=False)
@@ -264,7 +264,8 @@ def markdown(table: list[dict], runs: list[dict], texts: list[dict] | None = Non
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
-        value = f"{float(row['mean']):.3f} ± {float(row['std']):.3f}" if row["mean"] else "-"
+        value = f"{float(row['mean']):.3f}" if row["mean"] else "-"
+        value += f" ± {float(row['std']):.3f}" if row["seeds_finished"] > 1 else ""  # no spread from one seed
         interval = f"[{float(row['ci_low']):.3f}, {float(row['ci_high']):.3f}]" if row["seeds_finished"] > 1 else "-"
         seeds = f"{row['seeds_finished']}/{row['seeds_expected']}" + (f" ({row['seeds']})" if row["seeds"] else "")
         delta = f"{float(row['delta']):+.3f}" if row["delta"] != "" else "-"

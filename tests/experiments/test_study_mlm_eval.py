@@ -124,3 +124,16 @@ def test_the_committed_configs_are_new_experiments_tested_on_enough_masked_token
     for path in folder.glob("*.yaml"):
         (eval_tokens,) = [a.split("=")[1] for a in yaml.safe_load(path.read_text())["fit_args"] if "eval_tokens" in a]
         assert int(eval_tokens) * 0.15 >= 50_000, path  # mask_prob 0.15 of configs/mlm.yaml
+
+
+def test_a_partial_study_gives_no_spread_from_one_seed_and_no_verdict_without_runs(tmp_path, monkeypatch):
+    configs, runs_dir, out = tmp_path / "configs", tmp_path / "runs", tmp_path / "mlm"
+    configs.mkdir()
+    write_experiment(configs, runs_dir, "partial", {("full", 0): (5.0, 5.0), ("full", 1): (5.0, None)}, test=True)
+    monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["study", "mlm", "--configs", str(configs), "--runs_dir", str(runs_dir), "--out", str(out)]) == 0
+    table = {r["attention"]: r for r in read_csv(out / "table.csv")}
+    assert table["full"]["seeds"] == "0" and table["linformer"]["seeds_finished"] == "0"
+    assert table["linformer"]["verdict"] == "-"  # nothing to judge: not "inconclusive"
+    rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| 32 |")]
+    assert "| 5.000 |" in rows[0] and "±" not in rows[0]
