@@ -33,6 +33,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
+from attention_zoo.band_attention import Band
 from attention_zoo.block_sparse import TileGroup, band_layout, layout_from_mask, residue_layout
 from attention_zoo.masks import MaskMod
 from attention_zoo.sparse_patterns import (
@@ -86,6 +87,11 @@ class SparsePattern:
         """Query i may attend key j: j in S_i, and j <= i when ``causal``; constants on ``device``."""
         return with_causal(self.rule(n, causal, device), causal)
 
+    def band(self, causal: bool) -> Band | None:
+        """The band i - before <= j <= i + after, for a pattern that is exactly one (the blocked kernel then runs
+        :mod:`attention_zoo.band_attention`); None for the others."""
+        return None
+
     def tiles(self, mask_mod: MaskMod, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
         """The blocked kernel's layout of ``mask_mod`` (this pattern's :meth:`mask_mod`) over ``n`` positions."""
         return layout_from_mask(mask_mod, n, self.tile_rows(), device)
@@ -115,9 +121,9 @@ class LocalPattern(SparsePattern):
     def check(self) -> None:
         _check_window(self.window)
 
-    def tiles(self, mask_mod: MaskMod, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
+    def band(self, causal: bool) -> Band | None:
         half = self.window // 2
-        return band_layout(mask_mod, n, _window_tile(self.window), half, 0 if causal else half, device)
+        return Band(before=half, after=0 if causal else half, tile=_band_tile(self.window))
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         return positions >= n - self.window // 2  # at most w/2 keys
@@ -277,6 +283,12 @@ def _check_window(window: int) -> None:
 def _window_tile(window: int) -> int:
     """Query tile for a band of w/2 each side: 64 rows when w is large (measured fastest at w = 256)."""
     return min(64, max(8, window // 2))
+
+
+def _band_tile(window: int) -> int:
+    """Query tile of the band kernel: about w/8 rows, 8 to 64 (L = T + w key slots per tile; measured fastest
+    at w = 256 with 32 rows and at w = 768 with 64)."""
+    return min(64, max(8, window // 8))
 
 
 def _aligned_tile(period: int) -> int:

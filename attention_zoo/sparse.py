@@ -54,6 +54,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from attention_zoo import sparse_flex as flex
+from attention_zoo.band_attention import band_attention
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding_cache import PatternState, pattern_decoding_step
@@ -124,6 +125,9 @@ class PatternAttention(AttentionCore):
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
             return masked_attention(q, k, v, allowed, mask, self.scale)
+        band = self.pattern.band(causal)
+        if band is not None:
+            return band_attention(q, k, v, band, mask, self.scale)
         layout = _cached(self._layouts, key, lambda: self.pattern.tiles(self.mask_mod(*key), *key))
         return tiled_attention(q, k, v, layout, mask, self.scale)
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo import block_sparse, chunking, lsh_kernel, moba, moba_kernel, nystrom
+from attention_zoo import band_attention, block_sparse, chunking, lsh_kernel, moba, moba_kernel, nystrom
 from attention_zoo.masks import pad_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,15 +95,18 @@ def test_moba_routed_tiles_take_a_few_chunks_per_rank_on_cuda():
     assert chunk_count(layout, 1, D, CUDA) == 10
 
 
-def test_blocked_local_window_takes_one_chunk_per_batch_item_on_cuda():
-    # n = 8192, w = 256: 128 tiles of 64 queries against 64 + 256 keys; chunks hold H x t x 64 x 320 across
-    # the 8 heads: CPU 2^19 -> 3 tiles, 43 chunks; CUDA 2^26 -> 409 tiles, 1 chunk (per batch item: the kernel
-    # loops over the batch, so 8 x 43 = 344 chunks on CPU, 8 on CUDA)
+def band_chunks(tiles_per_chunk: int, rows: band_attention._Rows, *_) -> int:
+    return -(-(rows.seqs * rows.tiles) // tiles_per_chunk)
+
+
+def test_local_band_kernel_takes_a_few_chunks_on_cuda():
+    # n = 8192, w = 256: tiles of 32 queries against 32 + 256 keys, 256 tiles per sequence x 64 (batch, head)
+    # sequences = 16384 tiles; CPU 2^19 // (32 x 288) = 56 tiles per chunk -> 293 chunks; CUDA 2^26 // 9216 = 7281
+    # -> 3 chunks
     core = az.create_attention("local", dim_head=D, heads=H, window=256, impl="blocked")
-    layout = core.pattern.tiles(core.mask_mod(8192, False), 8192, False, CPU)
-    assert [group.blocked.shape for group in layout] == [(128, 64, 320)]
-    assert chunk_count(layout, H, D, CPU) == 43
-    assert chunk_count(layout, H, D, CUDA) == 1
+    rows = band_attention._Rows(core.pattern.band(causal=False), torch.empty(B, H, 8192, D, device="meta"))
+    assert band_chunks(band_attention._chunk_tiles(rows, CPU), rows) == 293
+    assert band_chunks(band_attention._chunk_tiles(rows, CUDA), rows) == 3
 
 
 # --- the large chunks compute the same thing -----------------------------------------------------------
@@ -207,15 +210,16 @@ def test_moba_one_chunk_equals_the_cpu_chunks(monkeypatch, force_accelerator_bud
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_blocked_local_one_chunk_equals_the_cpu_chunks(monkeypatch, force_accelerator_budget, causal):
-    # n = 4096, w = 16: 512 tiles of 8 queries against 24 keys (causal: 16); CPU chunks of 8 heads x 170 tiles
-    # x max(8, d = 16) x 24 (causal: 256 tiles x 16 x 16) -> 4 chunks per batch item (causal: 2); forced: 1
+    # n = 4096, w = 16: 512 tiles of 8 queries per sequence x 16 (batch, head) sequences = 8192 tiles, against
+    # 8 + 16 keys (causal: 8 + 8); CPU chunks of 2^19 // (8 x 24) = 2730 tiles -> 4 chunks (causal: 2^19 // 128
+    # = 4096 -> 2); forced: 1
     core = az.create_attention("local", dim_head=16, heads=H, window=16, impl="blocked").double()
     q, k, v = inputs(2, 4096, 16, seed=3)
     mask = pad_mask(torch.tensor([4096, 3000]), 4096)
-    chunks = count_calls(monkeypatch, block_sparse, "_chunks", lambda result, *_: len(result))
+    chunks = count_calls(monkeypatch, band_attention, "_chunk_tiles", band_chunks)
     want = run(core, q, k, v, mask=mask, causal=causal)
-    assert chunks == [2 if causal else 4] * 4  # 2 batch items, forward and backward
+    assert chunks == [2 if causal else 4] * 2  # forward and backward
     force_accelerator_budget()
     chunks.clear()
     assert_same(run(core, q, k, v, mask=mask, causal=causal), want)
-    assert chunks == [1] * 4
+    assert chunks == [1] * 2
