@@ -16,12 +16,14 @@ last T columns of a tile can hold the band's edges, so the band mask touches 2 T
 tiles at either end of a sequence (or all, with key padding) take a mask of real positions.
 
 Kernel. Each row's keys lie in one tile, so the forward is one softmax per tile, no online rescaling:
-S = (Q_t * scale) K_t^T, P = exp(S - m) / l, O_t = P V_t; it saves O and lse = m + log l. The backward
-recomputes P = exp(S - lse), then dV_t = P^T dO_t, dS = P * (dO_t V_t^T - rowsum(dO * O)),
-dQ_t = scale dS K_t, dK_t = dS^T (Q_t * scale). Tile g's L key rows are the T-row blocks g, ..., g + L/T - 1
-of the buffer, so dK_t and dV_t are added back block by block (L/T strided adds per chunk), not by index.
-Work runs over chunks of consecutive tiles holding about ``_CHUNK_ELEMENTS`` scores, in buffers allocated
-once per call and reused, so that no large temporary is faulted in. Rows with no key give zeros, never NaN.
+S = (Q_t * scale) K_t^T, E = exp(S - m), l = rowsum(E), O_t = (E V_t) / l. It keeps E and 1/l (n L numbers per
+head, linear in n: T + w over d times the size of Q) rather than recomputing them as FlashAttention does: the
+recomputation is one more product and two more passes over the scores, and the band holds few scores per row.
+With P = E / l the backward is dV_t = E^T (dO_t / l), dS = E * ((dO_t / l) V_t^T - rowsum((dO / l) * O)),
+dQ_t = scale dS K_t, dK_t = dS^T (Q_t * scale). Tile g's L key rows are the T-row blocks g, ..., g + L/T - 1 of
+the buffer, so dK_t and dV_t are added back block by block (L/T strided adds per chunk), not by index. Work runs
+over chunks of consecutive tiles holding about ``_CHUNK_ELEMENTS`` scores, with the chunk's temporaries allocated
+once per call and reused. Rows with no key give zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -79,9 +81,13 @@ class _Rows:
         self.rows = self.seqs * self.n_pad + band.width - band.tile
 
     def keys(self, x: Tensor) -> Tensor:
-        """(rows, D): x's positions at their buffer rows, zeros elsewhere."""
-        buffer = x.new_zeros(self.rows, self.dim)
-        self.positions(buffer)[:, : self.n] = rearrange(x, "b h n d -> (b h) n d")
+        """(rows, D): x's positions at their buffer rows, zeros elsewhere (written once: no separate zero fill)."""
+        buffer = x.new_empty(self.rows, self.dim)
+        before, end = self.band.before, self.band.before + self.seqs * self.n_pad
+        buffer[:before], buffer[end:] = 0, 0
+        positions = self.positions(buffer)
+        positions[:, : self.n] = rearrange(x, "b h n d -> (b h) n d")
+        positions[:, self.n :] = 0
         return buffer
 
     def positions(self, buffer: Tensor) -> Tensor:
@@ -100,8 +106,9 @@ class _Rows:
 
     def queries(self, x: Tensor) -> Tensor:
         """(B H tiles, T, D) zero-padded tiles of x."""
-        tiles = x.new_zeros(self.seqs, self.n_pad, x.shape[-1])
+        tiles = x.new_empty(self.seqs, self.n_pad, x.shape[-1])
         tiles[:, : self.n] = rearrange(x, "b h n d -> (b h) n d")
+        tiles[:, self.n :] = 0
         return rearrange(tiles, "s (t i) d -> (s t) i d", i=self.band.tile)
 
     def unpad(self, tiles: Tensor, batch: int) -> Tensor:
@@ -161,53 +168,47 @@ class BandAttention(torch.autograd.Function):
         rows = _Rows(band, q)
         masks = _Masks(rows, key_padding, q.device)
         queries = rows.queries(q).mul_(scale)
-        keys, values = rows.windows(rows.keys(k)), rows.windows(rows.keys(v))
+        key_rows, value_rows = rows.keys(k), rows.keys(v)
+        keys, values = rows.windows(key_rows), rows.windows(value_rows)
         out = torch.empty_like(queries)
-        lse = queries.new_empty(queries.shape[:2])
+        weights = queries.new_empty(len(queries), band.tile, band.width)  # E = exp(S - m)
+        inverse = queries.new_empty(len(queries), band.tile, 1)  # 1 / l, 0 where a row sees no key
         step = _chunk_tiles(rows, q.device)
-        scores = queries.new_empty(step, band.tile, band.width)
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
-            chunk = torch.bmm(queries[part], keys[part].mT, out=scores[: part.stop - first])
-            masks.apply(chunk, first)
+            chunk = masks.apply(torch.bmm(queries[part], keys[part].mT, out=weights[part]), first)
             shift = chunk.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)  # rows that see no key
             total = chunk.sub_(shift).exp_().sum(dim=-1, keepdim=True)
-            torch.bmm(chunk, values[part], out=out[part]).div_(total.clamp_min(torch.finfo(q.dtype).tiny))
-            # +inf where a row sees no key, so that the backward's exp(S - lse) is 0 there
-            lse[part] = total.log_().add_(shift).squeeze(-1).nan_to_num_(neginf=float("inf"))
-        out = rows.unpad(out, q.shape[0])
-        ctx.save_for_backward(q, k, v, out, lse, key_padding)
+            torch.reciprocal(total, out=inverse[part]).nan_to_num_(posinf=0.0)
+            torch.bmm(chunk, values[part], out=out[part]).mul_(inverse[part])
+        ctx.save_for_backward(queries, key_rows, value_rows, weights, inverse, out)
         ctx.band, ctx.scale = band, scale
-        return out
+        return rows.unpad(out, q.shape[0])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, out, lse, key_padding = ctx.saved_tensors
-        band, scale = ctx.band, ctx.scale
-        rows = _Rows(band, q)
-        masks = _Masks(rows, key_padding, q.device)
-        queries = rows.queries(q).mul_(scale)
-        keys, values = rows.windows(rows.keys(k)), rows.windows(rows.keys(v))
-        grad_rows = rows.queries(grad_out)
-        delta = rows.queries((grad_out * out).sum(dim=-1, keepdim=True))  # rowsum(dO * O), (tiles, T, 1)
+        # with P = E / l: dV = E^T (dO / l), dS = P (dP - rowsum(dO O)) = E ((dO / l) V^T - rowsum((dO / l) O))
+        queries, key_rows, value_rows, weights, inverse, out = ctx.saved_tensors
+        band, scale, batch = ctx.band, ctx.scale, grad_out.shape[0]
+        rows = _Rows(band, grad_out)
+        keys, values = rows.windows(key_rows), rows.windows(value_rows)
+        grad_rows = rows.queries(grad_out).mul_(inverse)
+        delta = (grad_rows * out).sum(dim=-1, keepdim=True)
         grad_q = torch.empty_like(queries)
         grad_k, grad_v = (queries.new_zeros(rows.rows // band.tile, band.tile, rows.dim) for _ in range(2))
         blocks = band.width // band.tile
-        step = _chunk_tiles(rows, q.device)
-        scores = queries.new_empty(step, band.tile, band.width)
-        grad_scores = torch.empty_like(scores)
+        step = _chunk_tiles(rows, queries.device)
+        grad_scores = queries.new_empty(step, band.tile, band.width)
         grad_window = queries.new_empty(step, band.width, rows.dim)
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
             size = part.stop - first
-            probs = torch.bmm(queries[part], keys[part].mT, out=scores[:size])
-            masks.apply(probs, first).sub_(lse[part, :, None]).exp_()
-            _add_blocks(grad_v, torch.bmm(probs.mT, grad_rows[part], out=grad_window[:size]), first, blocks)
-            ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(probs)
+            exps = weights[part]
+            _add_blocks(grad_v, torch.bmm(exps.mT, grad_rows[part], out=grad_window[:size]), first, blocks)
+            ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(exps)
             torch.bmm(ds, keys[part], out=grad_q[part])
             _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size]), first, blocks)
-        batch = q.shape[0]
         grad_k, grad_v = (
             rearrange(rows.positions(g.view(rows.rows, rows.dim))[:, : rows.n], "(b h) n d -> b h n d", b=batch)
             for g in (grad_k, grad_v)

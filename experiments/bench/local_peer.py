@@ -5,7 +5,9 @@ its own block of w keys and the two next to it, 3w keys (2w at the ends); the zo
 ``window=3w`` sees the 3w + 1 keys with |i - j| <= 3w / 2. Both run forward and backward on the same
 q, k, v (B = 1, H = 8, D = 64, float32), one torch thread, minimum of ``--repeats`` after one warm-up call. The
 zoo's useful FLOPs are those of :mod:`experiments.bench.flops` (4 n (3w + 1) D per head forward, 3x for
-forward + backward), against the machine's matmul peak measured in the same process.
+forward + backward), against the machine's matmul peak measured in the same process just before and just after
+each case (the larger of the two). The zoo and the peer are called in turn, round after round, so that the
+machine's drift in speed reaches both alike.
 
 The peer is not a dependency of the project and none of its code is in it: install it apart, for the
 measurement only, and put it on the path with ``--peer_path``::
@@ -33,14 +35,18 @@ import attention_zoo as az
 from experiments.bench.measure import measure_peak_tflops
 
 
-def fastest_ms(step: Callable[[], None], repeats: int) -> float:
-    step()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+def fastest_interleaved_ms(steps: list[Callable[[], None]], repeats: int) -> list[float]:
+    """Each step's fastest call, in ms, over ``repeats`` rounds that call every step once in turn (after one
+    warm-up round): a drift of the machine's speed then reaches every step alike."""
+    for step in steps:
         step()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    best = [float("inf")] * len(steps)
+    for _ in range(repeats):
+        for index, step in enumerate(steps):
+            start = time.perf_counter()
+            step()
+            best[index] = min(best[index], time.perf_counter() - start)
+    return [seconds * 1e3 for seconds in best]
 
 
 def forward_backward(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], None]:
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from local_attention import LocalAttention  # the peer, from --peer_path only
 
     torch.set_num_threads(1)
-    peak_gflops = measure_peak_tflops("cpu", "float32", 1) * 1e3
+    peaks = []
     lines = []
     for n in args.lengths:
         generator = torch.Generator().manual_seed(0)
@@ -78,16 +84,21 @@ def main(argv: list[str] | None = None) -> int:
             peer = LocalAttention(
                 window_size=w, look_backward=1, look_forward=1, use_rotary_pos_emb=False, autopad=False
             )
-            zoo_ms = fastest_ms(forward_backward(self_attention(zoo), q, k, v), args.repeats)
-            peer_ms = fastest_ms(forward_backward(peer, q, k, v), args.repeats)
+            steps = [forward_backward(self_attention(zoo), q, k, v), forward_backward(peer, q, k, v)]
+            # the peak measured just before and after the case, the larger of the two (the lower fraction)
+            peak_gflops = measure_peak_tflops("cpu", "float32", 1) * 1e3
+            zoo_ms, peer_ms = fastest_interleaved_ms(steps, args.repeats)
+            peak_gflops = max(peak_gflops, measure_peak_tflops("cpu", "float32", 1) * 1e3)
+            peaks.append(peak_gflops)
             flops = 3 * 4 * n * (3 * w + 1) * 64 * 8
             gflops = flops / zoo_ms / 1e6
             case = {"n": n, "w": w, "zoo_window": 3 * w, "zoo_ms": zoo_ms, "peer_ms": peer_ms}
-            case |= {"zoo_vs_peer": peer_ms / zoo_ms, "zoo_gflops": gflops, "zoo_peak_fraction": gflops / peak_gflops}
+            case |= {"zoo_vs_peer": peer_ms / zoo_ms, "zoo_gflops": gflops, "peak_gflops": peak_gflops}
+            case |= {"zoo_peak_fraction": gflops / peak_gflops}
             lines.append(json.dumps({key: round(x, 3) if isinstance(x, float) else x for key, x in case.items()}))
             print(lines[-1], flush=True)
     versions = {"local_attention": importlib.metadata.version("local-attention"), "torch": torch.__version__}
-    lines.append(json.dumps({"matmul_peak_gflops": round(peak_gflops, 1)} | versions))
+    lines.append(json.dumps({"matmul_peak_gflops_range": [round(min(peaks), 1), round(max(peaks), 1)]} | versions))
     print(lines[-1])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -355,6 +355,20 @@ def test_targets_table_reads_the_protocol_rows():
         assert f"{1000 / (4096 / 20):.2f}x" in text and "4.00" in text and "yes" in text
 
 
+@pytest.mark.parametrize(("fraction", "met"), [(0.45, "yes"), (0.35, "NO"), (None, "NO")])
+def test_a_peak_fraction_target_reads_the_sweeps_fraction(fraction, met):
+    cases = targets.target_cases({"local"}, threads=1)
+    rows = {}
+    for case in cases:  # local: 2000 / 204.8 ms = 9.8x >= 4x, time grows 4x from 2048 to 8192
+        ms = 2000.0 if case.attention == "full" else case.seq_len / 20
+        rows[case.key()] = {"status": "ok", "time_ms_min": ms, "peak_fraction": fraction}
+    console = Console(file=io.StringIO(), width=300)
+    console.print(targets.targets_table(rows, {"local"}, threads=1))
+    line = next(line for line in console.file.getvalue().splitlines() if "local" in line)
+    assert "9.77x" in line and ">= 40%" in line and ("n/a" if fraction is None else f"{fraction:.0%}") in line
+    assert line.rstrip(" │").endswith(met)
+
+
 def test_peak_fraction_is_achieved_over_the_measured_matmul_peak(tmp_path, monkeypatch):
     # no timing here: the matmul timer reports 20 ms for the CPU peak's 1024 x 1024 x 1024 product (the peak
     # is the best call), then the case is given times from the one at exactly that peak rate upwards
