@@ -356,12 +356,15 @@ def test_targets_table_reads_the_protocol_rows():
 
 
 @pytest.mark.parametrize(("fraction", "met"), [(0.45, "yes"), (0.35, "NO"), (None, "NO")])
-def test_a_peak_fraction_target_reads_the_sweeps_fraction(fraction, met):
+def test_a_peak_fraction_target_uses_the_fastest_repeat(fraction, met):
     cases = targets.target_cases({"local"}, threads=1)
     rows = {}
     for case in cases:  # local: 2000 / 204.8 ms = 9.8x >= 4x, time grows 4x from 2048 to 8192
         ms = 2000.0 if case.attention == "full" else case.seq_len / 20
-        rows[case.key()] = {"status": "ok", "time_ms_min": ms, "peak_fraction": fraction}
+        # FLOPs that take ``fraction`` of a 0.1 TFLOP/s peak at the minimum time; the median twice as slow
+        flops = None if fraction is None else fraction * 0.1e12 * ms / 1e3
+        rows[case.key()] = {"status": "ok", "time_ms_min": ms, "time_ms_median": 2 * ms, "flops": flops}
+        rows[case.key()] |= {"device_peak_tflops": 0.1, "peak_fraction": None if flops is None else fraction / 2}
     console = Console(file=io.StringIO(), width=300)
     console.print(targets.targets_table(rows, {"local"}, threads=1))
     line = next(line for line in console.file.getvalue().splitlines() if "local" in line)
