@@ -23,12 +23,14 @@ in every implementation (option ``impl``):
 - ``"flex"``: :mod:`attention_zoo.sparse_flex`, FlexAttention with a block mask from the same mask function,
   cached; on CUDA a compiled kernel that skips the tiles the pattern leaves empty. On the CPU only torch's
   eager fallback runs (dense, forward only): training with it there is refused in favour of ``"blocked"``.
-- ``"blocked"``: :mod:`attention_zoo.block_sparse`, tiles of queries against only the keys
-  they touch, O(n K) time and memory, trainable on CPU. ``local`` finds its key band directly; the other
-  patterns find their tiles' key sets by evaluating the mask function once per (length, causal), an
-  O(n^2) boolean pass, cached. The strided pattern is split into its window |i - j| <= l (a band) and
-  the disjoint rest of its columns (queries and keys of one residue mod l, tiled together), so it
-  computes about 2 l + 64 + n / l keys per query, not the n that a tile of consecutive queries touches.
+- ``"blocked"``: tiles of queries against only the keys they touch, O(n K) time and memory, trainable on
+  CPU. ``local`` (one band of keys per query) runs :mod:`attention_zoo.band_attention`: each tile's keys are one
+  contiguous slice of a padded row buffer, read as a strided view, so there is nothing to gather or scatter.
+  The other patterns run :mod:`attention_zoo.block_sparse` and find their tiles' key sets by evaluating the
+  mask function once per (length, causal), an O(n^2) boolean pass, cached. The strided pattern is split into
+  its window |i - j| <= l (a band) and the disjoint rest of its columns (queries and keys of one residue mod l,
+  tiled together), so it computes about 2 l + 64 + n / l keys per query, not the n that a tile of consecutive
+  queries touches.
 - ``"dense"``: the reference: the (n, n) mask from the same mask function, masked softmax.
 
 Self-attention only: the patterns are positions within one sequence.
