@@ -173,8 +173,8 @@ def causal_scan(
     for g in order:
         # the factor is one per query row: it scales the (c, e) product, not the (c, r) block of a
         if graph:
-            carried[g] = torch.bmm(a[:, g], state)
-            carried[g] = carried[g] if carried_factor is None else carried[g] * carried_factor[:, g]
+            product = torch.bmm(a[:, g], state)
+            carried[g] = product if carried_factor is None else product * carried_factor[:, g]
         else:  # a chunk of out has a batch stride of n e: a product into it would loop over the batch
             product = torch.bmm(a[:, g], state, out=carried)
             if carried_factor is None:
