@@ -45,6 +45,9 @@ messages, counted as ``shorter``). This is an artificial construction: catalogs 
 compressed-attention experiment needs: inputs m times as long as a message, from one program's vocabulary, and
 an alignment that runs monotonically across the whole sequence (message i of the source is message i of the
 target), which a low-rank projection of the keys must keep. ``train_size`` then counts documents.
+``train_single_messages=True`` also trains on every message of the training documents on its own (after
+``train_size``; val and test stay documents): a model that cannot yet align a long document learns to translate
+from the short pairs, whose alignment is easy to find, in the same run.
 
 The result is cached as JSON (pairs per split and the counts), keyed by :meth:`CorpusSpec.params`.
 """
@@ -164,6 +167,7 @@ def assemble_splits(
     split_by: SplitBy = "source",
     dedupe_normalised: bool = False,
     messages_per_document: int = 1,
+    train_single_messages: bool = False,
     seed: int = 0,
 ) -> dict:
     """``{"splits": {split: pairs}, "summary": ...}`` from each split's own pairs (None: carve from train)
@@ -224,8 +228,12 @@ def assemble_splits(
             "documents": {split: len(documents[split]) for split in SPLITS},
             "messages": {split: len(messages[split]) for split in SPLITS},
             "shorter": {split: sum(len(doc) < messages_per_document for doc in documents[split]) for split in SPLITS},
+            "train_single_messages": len(messages["train"]) if train_single_messages else 0,
         }
-    return {"splits": {split: [join(doc) for doc in documents[split]] for split in SPLITS}, "summary": summary}
+    splits = {split: [join(doc) for doc in documents[split]] for split in SPLITS}
+    if train_single_messages:
+        splits["train"] += messages["train"]
+    return {"splits": splits, "summary": summary}
 
 
 def load_or_build_corpus(path: Path, params: dict, build: Callable[[], dict]) -> dict:
@@ -267,6 +275,7 @@ class CorpusSpec:
     split_by: SplitBy = "source"
     dedupe_normalised: bool = False
     messages_per_document: int = 1
+    train_single_messages: bool = False
 
     def __post_init__(self) -> None:
         source, (val, test) = self.source, (self.fractions["val"], self.fractions["test"])
@@ -317,6 +326,11 @@ class CorpusSpec:
                 f"messages_per_document={self.messages_per_document} joins messages of one catalog, which "
                 f"source={source!r} does not have; allowed with source {allowed}, or messages_per_document=1"
             )
+        if self.train_single_messages and self.messages_per_document == 1:
+            raise ValueError(
+                "train_single_messages=True adds the messages of the training documents, but "
+                "messages_per_document=1 makes no documents; set messages_per_document > 1 or leave it False"
+            )
         if source == "hf" and importlib.util.find_spec("datasets") is None:
             raise ImportError(
                 f"source='hf' (hf_dataset={self.hf_dataset!r}) needs the Hugging Face `datasets` package: "
@@ -335,6 +349,8 @@ class CorpusSpec:
         params |= {"fractions": self.fractions, "train_size": self.train_size}
         params |= {"split_by": self.split_by, "dedupe_normalised": self.dedupe_normalised}
         params |= {"documents": [self.messages_per_document, self.seed if self.messages_per_document > 1 else None]}
+        if self.train_single_messages:  # absent when off, so that existing caches keep their keys
+            params |= {"train_single_messages": True}
         if self.source == "gettext":
             return params | {"catalogs": file_digest(catalog_paths(self.locale_dir, self.target_lang), self.locale_dir)}
         if self.source == "synthetic":
@@ -378,6 +394,7 @@ class CorpusSpec:
         """The corpus cached at ``path``, or read, assembled and cached there."""
         options = {"fractions": self.fractions, "train_size": self.train_size, "split_by": self.split_by}
         options |= {"dedupe_normalised": self.dedupe_normalised, "messages_per_document": self.messages_per_document}
+        options |= {"train_single_messages": self.train_single_messages}
         options |= {"seed": derive_seed(self.seed, "pseudo-documents")}
 
         def build() -> dict:

@@ -165,6 +165,9 @@ class TranslationDataModule(ZooDataModule):
             is sorted by msgid and keeps no source order) that gives inputs m times as long, with an alignment
             running across the whole sequence; ``max_source_len`` / ``max_target_len`` and ``overlong`` then
             apply to the documents, ``train_size`` counts documents. Default 1: one message per pair.
+        train_single_messages: with documents (m > 1), also train on each message of the training documents on
+            its own (val and test stay documents), so that the model can learn to align on short pairs; counted in
+            ``corpus_summary()["documents"]["train_single_messages"]``. Default False.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -199,6 +202,7 @@ class TranslationDataModule(ZooDataModule):
         split_by: SplitBy = "source",
         dedupe_normalised: bool = False,
         messages_per_document: int = 1,
+        train_single_messages: bool = False,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -230,6 +234,7 @@ class TranslationDataModule(ZooDataModule):
             split_by=split_by,
             dedupe_normalised=dedupe_normalised,
             messages_per_document=messages_per_document,
+            train_single_messages=train_single_messages,
         )
         self.source, self.source_lang, self.target_lang = source, source_lang, target_lang
         self.bpe_vocab_size, self.overlong = bpe_vocab_size, overlong

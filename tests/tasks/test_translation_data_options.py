@@ -171,6 +171,20 @@ def test_pseudo_documents_join_messages_of_one_catalog_in_the_same_order_on_both
     assert dm.decode(batch["source"][0]) == dm.texts("val")[0][int(batch["index"][0])]
 
 
+def test_single_messages_join_the_training_documents_and_only_them(tmp_path):
+    locale, messages = numbered_catalogs(tmp_path, {"apt": 23, "bash": 17})
+    options = dict(locale_dir=str(locale), messages_per_document=4, cache_dir=str(tmp_path / "c"), **SMALL)
+    documents = TranslationDataModule(**options).corpus()["splits"]
+    mixed_dm = TranslationDataModule(**options, train_single_messages=True)
+    mixed = mixed_dm.corpus()["splits"]
+    assert mixed["val"] == documents["val"] and mixed["test"] == documents["test"]
+    assert mixed["train"][: len(documents["train"])] == documents["train"]
+    singles = mixed["train"][len(documents["train"]) :]
+    expected = [[part, messages[part][1]] for source, _ in documents["train"] for part in sentences(source)]
+    assert [list(pair) for pair in singles] == expected  # every training message once, with its own translation
+    assert mixed_dm.corpus_summary()["documents"]["train_single_messages"] == len(expected) > 0
+
+
 def test_pseudo_documents_are_deterministic_given_the_seed_and_the_seed_reorders_them(tmp_path):
     locale, _ = numbered_catalogs(tmp_path, {"apt": 30, "bash": 30})
     options = dict(locale_dir=str(locale), messages_per_document=5, **SMALL)
@@ -231,6 +245,7 @@ def test_overlong_documents_are_an_error_or_dropped(tmp_path):
     [
         ({"source": "files", "messages_per_document": 2}, "messages_per_document=2 .* source='files' .*'gettext'"),
         ({"messages_per_document": 0}, "messages_per_document must be an int >= 1, got 0"),
+        ({"train_single_messages": True}, "train_single_messages=True .* messages_per_document=1 makes no documents"),
         ({"source": "synthetic", "split_by": "catalog"}, "split_by='catalog' needs catalogs.*source='synthetic'"),
         ({"split_by": "hash"}, r"split_by must be one of \['source', 'normalised', 'catalog'\]; got 'hash'"),
     ],
@@ -255,6 +270,7 @@ def test_each_option_has_its_own_cache(tmp_path):
         {"messages_per_document": 3},
         {"messages_per_document": 3, "seed": 1},
         {"messages_per_document": 4},
+        {"messages_per_document": 4, "train_single_messages": True},
     ]
     shared = tmp_path / "shared"
     built = []
