@@ -82,7 +82,7 @@ class _Rows:
 
     def keys(self, x: Tensor) -> Tensor:
         """(rows, D): x's positions at their buffer rows, zeros elsewhere (written once: no separate zero fill)."""
-        buffer = x.new_empty(self.rows, self.dim)
+        buffer = x.new_empty(self.rows, x.shape[-1])
         before, end = self.band.before, self.band.before + self.seqs * self.n_pad
         buffer[:before], buffer[end:] = 0, 0
         positions = self.positions(buffer)
@@ -170,7 +170,7 @@ class BandAttention(torch.autograd.Function):
         queries = rows.queries(q).mul_(scale)
         key_rows, value_rows = rows.keys(k), rows.keys(v)
         keys, values = rows.windows(key_rows), rows.windows(value_rows)
-        out = torch.empty_like(queries)
+        out = queries.new_empty(len(queries), band.tile, v.shape[-1])
         weights = queries.new_empty(len(queries), band.tile, band.width)  # E = exp(S - m)
         inverse = queries.new_empty(len(queries), band.tile, 1)  # 1 / l, 0 where a row sees no key
         step = _chunk_tiles(rows, q.device)
@@ -196,21 +196,27 @@ class BandAttention(torch.autograd.Function):
         grad_rows = rows.queries(grad_out).mul_(inverse)
         delta = (grad_rows * out).sum(dim=-1, keepdim=True)
         grad_q = torch.empty_like(queries)
-        grad_k, grad_v = (queries.new_zeros(rows.rows // band.tile, band.tile, rows.dim) for _ in range(2))
+        grad_k, grad_v = (
+            queries.new_zeros(rows.rows // band.tile, band.tile, dim)
+            for dim in (key_rows.shape[-1], value_rows.shape[-1])
+        )
         blocks = band.width // band.tile
         step = _chunk_tiles(rows, queries.device)
         grad_scores = queries.new_empty(step, band.tile, band.width)
-        grad_window = queries.new_empty(step, band.width, rows.dim)
+        dims = queries.shape[-1], value_rows.shape[-1]
+        grad_window = queries.new_empty(step, band.width, max(dims))
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
             size = part.stop - first
             exps = weights[part]
-            _add_blocks(grad_v, torch.bmm(exps.mT, grad_rows[part], out=grad_window[:size]), first, blocks)
+            _add_blocks(
+                grad_v, torch.bmm(exps.mT, grad_rows[part], out=grad_window[:size, :, : dims[1]]), first, blocks
+            )
             ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(exps)
             torch.bmm(ds, keys[part], out=grad_q[part])
-            _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size]), first, blocks)
+            _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size, :, : dims[0]]), first, blocks)
         grad_k, grad_v = (
-            rearrange(rows.positions(g.view(rows.rows, rows.dim))[:, : rows.n], "(b h) n d -> b h n d", b=batch)
+            rearrange(rows.positions(g.view(rows.rows, -1))[:, : rows.n], "(b h) n d -> b h n d", b=batch)
             for g in (grad_k, grad_v)
         )
         return rows.unpad(grad_q.mul_(scale), batch), grad_k, grad_v, None, None, None

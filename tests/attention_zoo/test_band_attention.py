@@ -21,7 +21,7 @@ EXACT = dict(rtol=0.0, atol=1e-12)  # float64; only the summation order differs
 def reference(q: Tensor, k: Tensor, v: Tensor, before: int, after: int, real: Tensor | None, scale: float) -> Tensor:
     """Masked softmax over the (n, n) scores; a row with no allowed key gives zeros."""
     n = q.shape[-2]
-    out = torch.zeros_like(q)
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1])
     for i in range(n):
         keys = [j for j in range(max(0, i - before), min(n, i + after + 1))]
         for b in range(q.shape[0]):
@@ -63,6 +63,16 @@ def test_matches_the_definition(n, before, after, tile, padded):
     want = output_and_grads(lambda *x: reference(*x, before, after, real, 0.3), q, k, v)
     for g, w in zip(got, want, strict=True):
         assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, **EXACT)
+
+
+def test_values_may_be_wider_than_keys():
+    q, k, _ = inputs(2, 2, 21, 4, seed=5)
+    v = torch.randn(2, 2, 21, 6, generator=torch.Generator().manual_seed(6), dtype=torch.float64, requires_grad=True)
+    real = torch.rand(2, 21, generator=torch.Generator().manual_seed(2)) > 0.3
+    got = output_and_grads(lambda *x: band_attention(*x, Band(5, 2, 8), real, 0.4), q, k, v)
+    want = output_and_grads(lambda *x: reference(*x, 5, 2, real, 0.4), q, k, v)
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, **EXACT)
 
 
