@@ -25,7 +25,6 @@ import argparse
 import importlib.metadata
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,20 +32,7 @@ import torch
 
 import attention_zoo as az
 from experiments.bench.measure import measure_peak_tflops
-
-
-def fastest_interleaved_ms(steps: list[Callable[[], None]], repeats: int) -> list[float]:
-    """Each step's fastest call, in ms, over ``repeats`` rounds that call every step once in turn (after one
-    warm-up round): a drift of the machine's speed then reaches every step alike."""
-    for step in steps:
-        step()
-    best = [float("inf")] * len(steps)
-    for _ in range(repeats):
-        for index, step in enumerate(steps):
-            start = time.perf_counter()
-            step()
-            best[index] = min(best[index], time.perf_counter() - start)
-    return [seconds * 1e3 for seconds in best]
+from experiments.bench.paired_ratio import interleaved_seconds
 
 
 def forward_backward(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], None]:
@@ -87,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = [forward_backward(self_attention(zoo), q, k, v), forward_backward(peer, q, k, v)]
             # the peak measured just before and after the case, the larger of the two (the lower fraction)
             peak_gflops = measure_peak_tflops("cpu", "float32", 1) * 1e3
-            zoo_ms, peer_ms = fastest_interleaved_ms(steps, args.repeats)
+            zoo_ms, peer_ms = (min(times) * 1e3 for times in interleaved_seconds(steps, args.repeats))
             peak_gflops = max(peak_gflops, measure_peak_tflops("cpu", "float32", 1) * 1e3)
             peaks.append(peak_gflops)
             flops = 3 * 4 * n * (3 * w + 1) * 64 * 8

@@ -17,6 +17,7 @@ import argparse
 import csv
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,19 +37,35 @@ def measure(
     entries = [("full", {}), *entries]
     cores = [az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=seq_len, **options)
              for name, options in entries]  # fmt: skip
-    seconds: list[list[float]] = [[] for _ in entries]
-    for _ in range(rounds + 1):  # the first round warms up
-        for core, times in zip(cores, seconds, strict=True):
-            start = time.perf_counter()
+
+    def step(core: az.AttentionCore) -> Callable[[], None]:
+        def call() -> None:
             core(q, k, v, causal=causal).backward(grad)
-            times.append(time.perf_counter() - start)
             q.grad = k.grad = v.grad = None
-    full = min(seconds[0][1:])
+
+        return call
+
+    seconds = interleaved_seconds([step(core) for core in cores], rounds)
+    full = min(seconds[0])
     return [
         {"attention": name, "options": options, "seq_len": seq_len, "causal": causal, "rounds": rounds,
-         "ms_min": min(times[1:]) * 1e3, "ms_max": max(times[1:]) * 1e3, "speedup": full / min(times[1:])}
+         "ms_min": min(times) * 1e3, "ms_max": max(times) * 1e3, "speedup": full / min(times)}
         for (name, options), times in zip(entries, seconds, strict=True)
     ]  # fmt: skip
+
+
+def interleaved_seconds(steps: list[Callable[[], None]], rounds: int) -> list[list[float]]:
+    """Each step's call times, in seconds, over ``rounds`` rounds that call every step once in turn, after one
+    warm-up round: a drift of the machine's speed then reaches every step alike."""
+    for call in steps:
+        call()
+    seconds: list[list[float]] = [[] for _ in steps]
+    for _ in range(rounds):
+        for call, times in zip(steps, seconds, strict=True):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
