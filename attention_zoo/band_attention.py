@@ -16,14 +16,14 @@ last T columns of a tile can hold the band's edges, so the band mask touches 2 T
 tiles at either end of a sequence (or all, with key padding) take a mask of real positions.
 
 Kernel. Each row's keys lie in one tile, so the forward is one softmax per tile, no online rescaling:
-S = (Q_t * scale) K_t^T, E = exp(S - m), l = rowsum(E), O_t = (E V_t) / l. It keeps E and 1/l (n L numbers per
-head, linear in n: T + w over d times the size of Q) rather than recomputing them as FlashAttention does: the
-recomputation is one more product and two more passes over the scores, and the band holds few scores per row.
-With P = E / l the backward is dV_t = E^T (dO_t / l), dS = E * ((dO_t / l) V_t^T - rowsum((dO / l) * O)),
-dQ_t = scale dS K_t, dK_t = dS^T (Q_t * scale). Tile g's L key rows are the T-row blocks g, ..., g + L/T - 1 of
-the buffer, so dK_t and dV_t are added back block by block (L/T strided adds per chunk), not by index. Work runs
-over chunks of consecutive tiles holding about ``_CHUNK_ELEMENTS`` scores, with the chunk's temporaries allocated
-once per call and reused. Rows with no key give zeros, never NaN.
+S = (Q_t * scale) K_t^T, P = softmax(S) (one fused pass), O_t = P V_t. It keeps P (n L numbers per head, linear
+in n: T + w over d times the size of Q) rather than recomputing it as FlashAttention does: the recomputation is
+one more product and more passes over the scores, and the band holds few scores per row. The backward is
+dV_t = P^T dO_t, dS = P * (dO_t V_t^T - rowsum(dO * O)), dQ_t = scale dS K_t, dK_t = dS^T (Q_t * scale).
+Tile g's L key rows are the T-row blocks g, ..., g + L/T - 1 of the buffer, so dK_t and dV_t are added back
+block by block (L/T strided adds per chunk), not by index. Work runs over chunks of consecutive tiles
+holding about ``_CHUNK_ELEMENTS`` scores, with the chunk's temporaries allocated once per call and reused. Rows
+with no key give zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ class _Masks:
             self.runs = [(0, rows.seqs * tiles, 0)]
             self.blocked = repeat(~real, "b t j -> (b h t) j", h=rows.heads)
 
-    def apply(self, scores: Tensor, first: int) -> Tensor:
-        """Masks ``scores`` (c, T, L) of tiles first .. first + c - 1 with -inf, in place."""
+    def apply(self, scores: Tensor, first: int) -> list[tuple[int, int]]:
+        """Masks ``scores`` (c, T, L) of tiles first .. first + c - 1 with -inf, in place; returns the ranges of
+        the chunk's tiles that took the position mask (only their rows can be left with no key)."""
         tile = self.edge.shape[0]
         if self.tail >= tile:
             scores[:, :, :tile].masked_fill_(self.edge[:, :tile], float("-inf"))
@@ -147,12 +148,14 @@ class _Masks:
         else:
             scores.masked_fill_(self.edge, float("-inf"))
         last = first + scores.shape[0]
+        masked = []
         for start, stop, row in self.runs:
             lo, hi = max(start, first), min(stop, last)
             if lo < hi:
                 blocked = self.blocked[row + lo - start : row + hi - start, None, :]
                 scores[lo - first : hi - first].masked_fill_(blocked, float("-inf"))
-        return scores
+                masked.append((lo - first, hi - first))
+        return masked
 
 
 def _chunk_tiles(rows: _Rows, device: torch.device) -> int:
@@ -171,29 +174,30 @@ class BandAttention(torch.autograd.Function):
         key_rows, value_rows = rows.keys(k), rows.keys(v)
         keys, values = rows.windows(key_rows), rows.windows(value_rows)
         out = queries.new_empty(len(queries), band.tile, v.shape[-1])
-        weights = queries.new_empty(len(queries), band.tile, band.width)  # E = exp(S - m)
-        inverse = queries.new_empty(len(queries), band.tile, 1)  # 1 / l, 0 where a row sees no key
+        weights = queries.new_empty(len(queries), band.tile, band.width)  # P = softmax(S)
         step = _chunk_tiles(rows, q.device)
+        scores = queries.new_empty(step, band.tile, band.width)
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
-            chunk = masks.apply(torch.bmm(queries[part], keys[part].mT, out=weights[part]), first)
-            shift = chunk.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)  # rows that see no key
-            total = chunk.sub_(shift).exp_().sum(dim=-1, keepdim=True)
-            torch.reciprocal(total, out=inverse[part]).nan_to_num_(posinf=0.0)
-            torch.bmm(chunk, values[part], out=out[part]).mul_(inverse[part])
-        ctx.save_for_backward(queries, key_rows, value_rows, weights, inverse, out)
+            chunk = torch.bmm(queries[part], keys[part].mT, out=scores[: part.stop - first])
+            position_masked = masks.apply(chunk, first)
+            probs = torch.softmax(chunk, dim=-1, out=weights[part])
+            for lo, hi in position_masked:
+                probs[lo:hi].nan_to_num_(nan=0.0)  # rows that see no key (only in position-masked tiles)
+            torch.bmm(probs, values[part], out=out[part])
+        ctx.save_for_backward(queries, key_rows, value_rows, weights, out)
         ctx.band, ctx.scale = band, scale
         return rows.unpad(out, q.shape[0])
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        # with P = E / l: dV = E^T (dO / l), dS = P (dP - rowsum(dO O)) = E ((dO / l) V^T - rowsum((dO / l) O))
-        queries, key_rows, value_rows, weights, inverse, out = ctx.saved_tensors
+        # dV = P^T dO, dS = P (dO V^T - rowsum(dO O))
+        queries, key_rows, value_rows, weights, out = ctx.saved_tensors
         band, scale, batch = ctx.band, ctx.scale, grad_out.shape[0]
         rows = _Rows(band, grad_out)
         keys, values = rows.windows(key_rows), rows.windows(value_rows)
-        grad_rows = rows.queries(grad_out).mul_(inverse)
+        grad_rows = rows.queries(grad_out)
         delta = (grad_rows * out).sum(dim=-1, keepdim=True)
         grad_q = torch.empty_like(queries)
         grad_k, grad_v = (
@@ -208,11 +212,11 @@ class BandAttention(torch.autograd.Function):
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
             size = part.stop - first
-            exps = weights[part]
+            probs = weights[part]
             _add_blocks(
-                grad_v, torch.bmm(exps.mT, grad_rows[part], out=grad_window[:size, :, : dims[1]]), first, blocks
+                grad_v, torch.bmm(probs.mT, grad_rows[part], out=grad_window[:size, :, : dims[1]]), first, blocks
             )
-            ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(exps)
+            ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(probs)
             torch.bmm(ds, keys[part], out=grad_q[part])
             _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size, :, : dims[0]]), first, blocks)
         grad_k, grad_v = (

@@ -286,10 +286,11 @@ def _window_tile(window: int) -> int:
 
 
 def _band_tile(window: int) -> int:
-    """Query tile of the band kernel (L = T + w key slots per tile): 64 rows from w = 512 on, 32 from w = 128,
-    w/4 (at least 8) below; measured at n = 2048 and 4096, one thread (T = 64 10% faster than 32 at w = 768,
-    level at 256; 32 fastest at w = 128 and 192, and 48 slower than both)."""
-    return 64 if window >= 512 else min(32, max(8, window // 4))
+    """Query tile of the band kernel (L = T + w key slots per tile): 64 rows from w = 384 on, 32 from w = 128,
+    w/4 (at least 8) below. Measured with ``experiments.bench.band_profile`` at n = 2048 and 4096, one thread:
+    64 is 5-12% faster than 32 at w = 384, 512 and 768; at w = 192 and 256 32 is as fast or faster (a larger
+    tile executes more of the band's edge columns)."""
+    return 64 if window >= 384 else min(32, max(8, window // 4))
 
 
 def _aligned_tile(period: int) -> int:

@@ -405,3 +405,23 @@ def test_paired_ratio_times_full_and_each_mechanism_round_after_round(tmp_path, 
         assert float(row["speedup"]) == pytest.approx(full / float(row["ms_min"]))
     assert paired_ratio.main(["--seq-len", "32", "--attentions", "nope"]) == 2
     assert "unknown attention 'nope'" in capsys.readouterr().err
+
+
+def test_band_profile_times_the_kernels_own_products_at_each_tile(tmp_path):
+    from experiments.bench import band_profile
+
+    out = tmp_path / "band.jsonl"
+    assert band_profile.main(["--lengths", "64", "--windows", "16", "--tiles", "4", "8", "--rounds", "1",
+                              "--out", str(out)]) == 0  # fmt: skip
+    (case,) = [json.loads(line) for line in out.read_text().splitlines()]
+    tile, slots = case["tile"], case["key_slots"]
+    assert set(case["tile_ms"]) == {"4", "8", str(tile)} and case["kernel_ms"] == case["tile_ms"][str(tile)]
+    assert slots % tile == 0 and slots >= tile + 16 and case["executed_over_useful"] == pytest.approx(slots / 17, 1e-3)
+    tiles = band_profile.HEADS * -(-64 // tile)
+    shapes = sorted(tuple(product["shape"]) for product in case["products"].values())
+    d = band_profile.DIM_HEAD
+    assert shapes == sorted([(tiles, tile, d, slots), (tiles, tile, slots, d), (tiles, slots, tile, d)] * 2)
+    assert case["products_ms"] == pytest.approx(sum(p["ms"] for p in case["products"].values()), 1e-3)
+    assert "aten::bmm" in case["profile"] and 0 < sum(case["profile"].values()) <= 1.0001
+    with pytest.raises(SystemExit, match="--windows must be positive, got 0"):
+        band_profile.main(["--windows", "0"])
