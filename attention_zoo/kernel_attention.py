@@ -84,8 +84,9 @@ class KernelAttention(AttentionCore):
     #: :meth:`features` returns log phi(K) for keys (exponentiated here, relative to a running maximum)
     log_key_features: bool = False
 
-    def __init__(self, geometry: Geometry, *, chunk_size: int = 64) -> None:
-        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk); the only option of a
+    def __init__(self, geometry: Geometry, *, chunk_size: int = 32) -> None:
+        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk; 32, the fastest of
+        16-128 on one CPU thread at n = 2048-8192, ``experiments/results/cpu_targets/``); the only option of a
         subclass without an ``__init__`` of its own."""
         super().__init__(geometry)
         if chunk_size < 1:

@@ -119,7 +119,7 @@ class PerformerAttention(KernelAttention):
         kernel: Kernel = "softmax",
         redraw_interval: int | None = 1,
         seed: int = 0,
-        chunk_size: int = 64,
+        chunk_size: int = 32,
     ) -> None:
         """``nb_features`` m; ``kernel`` softmax (FAVOR+) or relu (generalized attention); ``redraw_interval``
         training passes per draw (None: never redraw); ``seed`` (>= 0); ``chunk_size`` c of the causal form."""
