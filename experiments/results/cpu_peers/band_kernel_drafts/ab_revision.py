@@ -33,7 +33,7 @@ for n in (2048, 4096):
         q, k, v = (torch.randn(1, 8, n, 64, generator=generator).requires_grad_() for _ in range(3))
         picked = LocalPattern(window=window).band(causal=False)
 
-        def step(module, band):
+        def step(module, band, q=q, k=k, v=v):
             def call():
                 module.band_attention(q, k, v, band, None, 0.125).sum().backward()
                 q.grad = k.grad = v.grad = None
