@@ -39,13 +39,14 @@ Conventions of this implementation (the papers leave them open):
 - Log-domain key features (``log_key_features``, Performer's exponential features): the feature map hands
   back log phi(K_j). Each key is normalised by its own largest feature, phi(K_j) = exp(kappa_j) phi~(K_j)
   with kappa_j = max_l log phi(K_j)_l, and exp(kappa_j) is applied relative to a reference that cancels
-  between numerator and denominator: non-causal, the maximum of kappa over real keys (the authors'
-  global key maximum); causal, query i's own sigma_i = max_{j <= i} kappa_j, the running maximum over the
-  keys it sees. So pair (i, j) is weighted exp(kappa_j - sigma_i) <= 1: no key feature exceeds 1, the
-  largest visible key has weight 1 (a later, larger key cannot push query i's terms into underflow), and
-  nothing about query i depends on later keys, even in rounding. The carried state is kept relative to
-  the running maximum at its end and rescaled by exp(sigma_old - sigma_new) <= 1 when that grows. The
-  weights get no gradient: the output does not depend on them.
+  between numerator and denominator: non-causal, the maximum of kappa over real keys (the authors' global key
+  maximum; the subclass computes that form itself, as Performer's FavorAttention does); causal, query i's own
+  sigma_i = max_{j <= i} kappa_j, the running maximum over the keys it sees. So pair (i, j) is weighted
+  exp(kappa_j - sigma_i) <= 1: no key feature exceeds 1, the largest visible key has weight 1 (a later, larger
+  key cannot push query i's terms into underflow), and nothing about query i depends on later keys, even in
+  rounding. The carried state is kept relative to the running maximum at its end and rescaled by
+  exp(sigma_old - sigma_new) <= 1 when that grows. The weights get no gradient: the output does not depend on
+  them.
 - Decoding (:class:`KernelState`): the state and its reference; each step is one chunk of the same scan,
   O(m D) per sequence whatever the length.
 """
@@ -62,7 +63,7 @@ from torch import Tensor
 
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.kernel_bidirectional import bidirectional
-from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, finite_or_zero, normalised
+from attention_zoo.kernel_products import LOW, CausalProduct, causal_scan, normalised
 from attention_zoo.precision import full_precision
 
 
@@ -108,7 +109,12 @@ class KernelAttention(AttentionCore):
             fk = self.features(k.to(compute), torch.arange(nk, device=q.device), is_query=False)
             fk = self.masked_keys(fk, mask)
             if not causal:
-                return bidirectional(fq, self.bidirectional_keys(fk), v.to(compute)).to(q.dtype)
+                if self.log_key_features:
+                    raise NotImplementedError(
+                        f"{type(self).__name__} has log-domain key features: its non-causal form must exponentiate "
+                        "them itself (as Performer's FavorAttention does)"
+                    )
+                return bidirectional(fq, fk, v.to(compute)).to(q.dtype)
             values = F.pad(v.to(compute), (0, 1), value=1.0)  # [V, 1]
             return normalised(self.causal_sums(fq, fk, values)).to(q.dtype)
 
@@ -116,14 +122,6 @@ class KernelAttention(AttentionCore):
         if mask is None:
             return fk
         return fk.masked_fill(~rearrange(mask, "b j -> b 1 j 1"), -math.inf if self.log_key_features else 0.0)
-
-    def bidirectional_keys(self, fk: Tensor) -> Tensor:
-        """phi(K) for :func:`~attention_zoo.kernel_bidirectional.bidirectional`: log-domain features
-        exponentiated relative to their maximum over real keys."""
-        if not self.log_key_features:
-            return fk
-        reference = reduce(fk.detach(), "b h j f -> b h 1 1", "max")
-        return torch.exp(fk - finite_or_zero(reference))
 
     def causal_sums(self, fq: Tensor, fk: Tensor, values: Tensor) -> Tensor:
         """tril(phi(Q) phi(K)^T) [V 1] with the ends aligned, ``(B, H, Nq, D + 1)``, chunk by chunk."""

@@ -301,3 +301,21 @@ def test_causal_targets_compare_with_causal_full_attention():
     text = console.file.getvalue()
     assert f"{1000 / (4096 / 40):.2f}x" in text  # non-causal: 9.77x, below 25x
     assert "linear (causal)" in text and f"{600 / (4096 / 20):.2f}x" in text  # causal against causal SDPA: 2.93x
+
+
+def test_log_domain_key_features_need_a_noncausal_form_of_their_own():
+    """The shared non-causal path sums phi(K) as given; log phi(K) there would be a wrong kernel, silently."""
+    from attention_zoo.core import Geometry
+    from attention_zoo.kernel_attention import KernelAttention
+
+    class LogFeatures(KernelAttention):
+        log_key_features = True
+
+        def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
+            return x if not is_query else x.exp()
+
+    core = LogFeatures(Geometry(dim_head=4, heads=2))
+    q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+    assert torch.isfinite(core(q, k, v, causal=True)).all()  # the causal scan exponentiates them itself
+    with pytest.raises(NotImplementedError, match="LogFeatures has log-domain key features"):
+        core(q, k, v, causal=False)
