@@ -180,10 +180,14 @@ class BandAttention(torch.autograd.Function):
         for first in range(0, len(queries), step):
             part = slice(first, min(first + step, len(queries)))
             chunk = torch.bmm(queries[part], keys[part].mT, out=scores[: part.stop - first])
-            position_masked = masks.apply(chunk, first)
+            # rows that see no key (only in position-masked tiles): all -inf, where softmax gives NaN; a NaN
+            # of the input is not -inf there, so it stays NaN
+            empty = [
+                (lo, hi, chunk[lo:hi].amax(dim=-1, keepdim=True) == -torch.inf) for lo, hi in masks.apply(chunk, first)
+            ]
             probs = torch.softmax(chunk, dim=-1, out=weights[part])
-            for lo, hi in position_masked:
-                probs[lo:hi].nan_to_num_(nan=0.0)  # rows that see no key (only in position-masked tiles)
+            for lo, hi, rows_empty in empty:
+                probs[lo:hi].masked_fill_(rows_empty, 0.0)
             torch.bmm(probs, values[part], out=out[part])
         ctx.save_for_backward(queries, key_rows, value_rows, weights, out)
         ctx.band, ctx.scale = band, scale
