@@ -35,6 +35,7 @@ from attention_zoo.band_attention import Band, _Rows, band_attention
 from attention_zoo.patterns import LocalPattern
 from experiments.bench.measure import measure_peak_tflops
 from experiments.bench.paired_ratio import interleaved_seconds
+from experiments.bench.store import write_json_lines
 
 HEADS, DIM_HEAD = 8, 64
 
@@ -150,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         for window in args.windows:
             lines.append(json.dumps(_rounded(measure_case(n, window, args.tiles, args.rounds))))
             print(lines[-1], flush=True)
-            if args.out:
-                args.out.parent.mkdir(parents=True, exist_ok=True)
-                args.out.write_text("\n".join(lines) + "\n")
+            write_json_lines(args.out, lines)
     return 0
 
 

@@ -33,6 +33,7 @@ import torch
 import attention_zoo as az
 from experiments.bench.measure import measure_peak_tflops
 from experiments.bench.paired_ratio import interleaved_seconds
+from experiments.bench.store import write_json_lines
 
 
 def forward_backward(attend: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable[[], None]:
@@ -86,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = {"local_attention": importlib.metadata.version("local-attention"), "torch": torch.__version__}
     lines.append(json.dumps({"matmul_peak_gflops_range": [round(min(peaks), 1), round(max(peaks), 1)]} | versions))
     print(lines[-1])
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+    write_json_lines(args.out, lines)
     return 0
 
 

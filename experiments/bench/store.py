@@ -141,3 +141,11 @@ def code_fingerprint() -> str:
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_lines(path: Path | None, lines: list[str]) -> None:
+    """The JSON lines so far, to ``path`` (its folder made if missing); nothing without a path. A bench that writes
+    after every case loses no finished case when it is interrupted."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
