@@ -287,9 +287,9 @@ def _window_tile(window: int) -> int:
 
 def _band_tile(window: int) -> int:
     """Query tile of the band kernel (L = T + w key slots per tile): 64 rows from w = 384 on, 32 from w = 128,
-    w/4 (at least 8) below. Measured with ``experiments.bench.band_profile`` at n = 2048 and 4096, one thread:
-    64 is 5-12% faster than 32 at w = 384, 512 and 768; at w = 192 and 256 32 is as fast or faster (a larger
-    tile executes more of the band's edge columns)."""
+    w/4 (at least 8) below: the faster tile at each window in ``experiments.bench.band_profile``'s runs, one
+    thread (``experiments/results/cpu_peers/band_profile.jsonl``); a larger tile runs larger products but
+    executes more of the band's edge columns."""
     return 64 if window >= 384 else min(32, max(8, window // 4))
 
 
