@@ -134,6 +134,7 @@ def causal_scan(
     reference: Tensor | None = None,
     *,
     reverse: bool = False,
+    scores: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """out_i = rows_i sum_{j <= i} exp(scale_j - sigma_i) (a_i . b_j) c_j with sigma_i = max_{j <= i} scale_j,
     for ``a, b: (B, H, L, r)``, ``c: (B, H, L, e)``, ``scale, rows: (B, H, L)`` (None: all 1), L a multiple
@@ -141,18 +142,23 @@ def causal_scan(
     the end, so that no sequence is ever flipped. The blocks inside the chunks are computed for all chunks at
     once; the earlier chunks reach a chunk through one carried state, sum_j exp(scale_j - sigma_end) b_j c_j^T,
     updated chunk by chunk. ``state`` (B, H, r, e) and its ``reference`` sigma (B, H, 1) continue a previous
-    scan (decoding). Returns the outputs and the final state and reference."""
+    scan (decoding). ``scores``: the in-chunk blocks of :func:`chunk_scores` when the caller has them (only
+    without ``scale``); the backward's two scans of one pair share them, one as the other's transpose.
+    Returns the outputs and the final state and reference."""
     # x: batch x heads, g: chunk, i / j: query / key position in a chunk
     (batch, heads, n, r), e = a.shape, c.shape[-1]
     blocks = lambda t: rearrange(t, "b h (g i) ... -> (b h) g i ...", i=chunk)
     a, b, c = blocks(a), blocks(b), blocks(c)
     order = range(n // chunk - 1, -1, -1) if reverse else range(n // chunk)
-    scores = a @ b.transpose(-1, -2)  # (x, g, i, j)
     state = a.new_zeros(batch * heads, r, e) if state is None else rearrange(state, "b h r e -> (b h) r e")
+    if scores is not None and scale is not None:
+        raise ValueError("causal_scan takes precomputed scores only without scale")
     if scale is None:
         keys, carried_factor, decay = b, None, None
-        scores = scores.triu_() if reverse else scores.tril_()
+        if scores is None:
+            scores = masked_blocks(a @ b.transpose(-1, -2), reverse)
     else:
+        scores = a @ b.transpose(-1, -2)  # (x, g, i, j)
         start = a.new_full((batch * heads, 1), LOW) if reference is None else rearrange(reference, "b h 1 -> (b h) 1")
         scale = blocks(scale).flatten(1)
         level = scale.flip(-1).cummax(dim=-1).values.flip(-1) if reverse else scale.cummax(dim=-1).values
@@ -194,32 +200,78 @@ def causal_scan(
     return unblocks(out), rearrange(state, "(b h) r e -> b h r e", b=batch), end_reference
 
 
+def masked_blocks(scores: Tensor, reverse: bool) -> Tensor:
+    """The in-chunk blocks (x, g, i, j) with the pairs j > i (j < i when ``reverse``) zeroed, in place."""
+    return scores.triu_() if reverse else scores.tril_()
+
+
+def chunk_scores(a: Tensor, b: Tensor, chunk: int) -> Tensor:
+    """tril(a_g b_g^T) for every chunk g of ``a, b`` (B, H, L, r), ``(B H, L / chunk, chunk, chunk)``: the
+    blocks :func:`causal_scan` computes first; transposed, the blocks of the reverse scan of (b, a)."""
+    blocks = lambda t: rearrange(t, "b h (g i) r -> (b h) g i r", i=chunk)
+    return masked_blocks(blocks(a) @ blocks(b).transpose(-1, -2), reverse=False)
+
+
+def anticausal_pair(
+    values: Tensor, grad: Tensor, fq: Tensor, fk: Tensor, chunk: int, shared: Tensor, forward_scores: Tensor
+) -> tuple[Tensor, Tensor]:
+    """grad phi(K)_j = sum_{i >= j} ([V 1]_j . G_i) phi(Q)_i and grad [V 1]_j = sum_{i >= j} (phi(K)_j . phi(Q)_i)
+    G_i in one reverse scan: both carry the same state, sum_i G_i phi(Q)_i^T over the later chunks (one the
+    other's transpose), so it is updated once per chunk. ``shared`` = :func:`chunk_scores` (G, [V 1]) and
+    ``forward_scores`` = :func:`chunk_scores` (phi(Q), phi(K)): transposed, the in-chunk blocks of the two. No
+    graph is recorded (the caller's double backward takes two :func:`causal_scan` instead)."""
+    batch = values.shape[0]
+    blocks = lambda t: rearrange(t, "b h (g i) e -> (b h) g i e", i=chunk)
+    values, grad, fq, fk = blocks(values), blocks(grad), blocks(fq), blocks(fk)
+    grad_fk, grad_values = shared.transpose(-1, -2) @ fq, forward_scores.transpose(-1, -2) @ grad
+    state = grad.new_zeros(grad.shape[0], grad.shape[-1], fq.shape[-1])  # (x, e, r)
+    carried_fk, carried_values = grad_fk.new_empty(grad_fk[:, 0].shape), grad_values.new_empty(grad_values[:, 0].shape)
+    for g in range(values.shape[1] - 1, -1, -1):
+        grad_fk[:, g].add_(torch.bmm(values[:, g], state, out=carried_fk))
+        grad_values[:, g].add_(torch.bmm(fk[:, g], state.transpose(1, 2), out=carried_values))
+        state = torch.baddbmm(state, grad[:, g].transpose(1, 2), fq[:, g])
+    unblocks = lambda t: rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
+    return unblocks(grad_fk), unblocks(grad_values)
+
+
 class CausalProduct(torch.autograd.Function):
     """``causal_scan(fq, fk, values, scale, None, chunk)`` with Katharopoulos Sec. 3.3.1's backward
     (``kernel_attention``): one carried state per scan, no per-chunk states kept. ``scale`` gets no gradient
     (the reference it sets cancels). The backward is itself made of causal scans, so with create_graph=True
-    autograd differentiates it again: second-order gradients are exact."""
+    autograd differentiates it again: second-order gradients are exact. Without ``scale``, the forward's
+    in-chunk blocks (n c numbers per head) are kept for the backward, and grad phi(K) and grad [V 1] share one
+    reverse scan (:func:`anticausal_pair`)."""
 
     @staticmethod
     def forward(ctx, fq: Tensor, fk: Tensor, values: Tensor, scale: Tensor | None, chunk: int) -> Tensor:
-        ctx.save_for_backward(fq, fk, values, scale)
+        scores = chunk_scores(fq, fk, chunk) if scale is None else None
+        ctx.save_for_backward(fq, fk, values, scale, scores)
         ctx.chunk = chunk
-        return causal_scan(fq, fk, values, scale, None, chunk)[0]
+        return causal_scan(fq, fk, values, scale, None, chunk, scores=scores)[0]
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        fq, fk, values, scale = ctx.saved_tensors
+        fq, fk, values, scale, scores = ctx.saved_tensors
         chunk, needs = ctx.chunk, ctx.needs_input_grad
         grad = grad.contiguous()
+        plain = scale is None
+        # grad phi(Q)'s blocks tril(G [V 1]^T) are, transposed, those of grad phi(K)
+        shared = chunk_scores(grad, values, chunk) if plain and needs[1] else None
+        grad_fq = causal_scan(grad, values, fk, scale, None, chunk, scores=shared)[0] if needs[0] else None
+        if plain and needs[1] and needs[2] and not torch.is_grad_enabled():
+            return grad_fq, *anticausal_pair(values, grad, fq, fk, chunk, shared, scores), None, None
         # anti-causal sums over i >= j of exp(scale_j - sigma_i) = exp(scale_j - sigma_j) exp(sigma_j - sigma_i):
         # pairs weighted by "scale" -sigma_i (whose maximum over i >= j is -sigma_j), rows j by exp(scale_j - sigma_j)
-        level = None if scale is None else scale.cummax(dim=-1).values
-        back_scale = None if scale is None else -level
-        back_rows = None if scale is None else torch.exp(scale - level)
-        back = lambda a, b, c: causal_scan(a, b, c, back_scale, back_rows, chunk, reverse=True)[0]
-        grad_fq = causal_scan(grad, values, fk, scale, None, chunk)[0] if needs[0] else None
-        grad_fk = back(values, grad, fq) if needs[1] else None
-        grad_values = back(fk, fq, grad) if needs[2] else None
+        level = None if plain else scale.cummax(dim=-1).values
+        back_scale = None if plain else -level
+        back_rows = None if plain else torch.exp(scale - level)
+        back = lambda a, b, c, blocks=None: causal_scan(
+            a, b, c, back_scale, back_rows, chunk, reverse=True, scores=blocks
+        )[0]
+        grad_fk = back(values, grad, fq, None if shared is None else shared.transpose(-1, -2)) if needs[1] else None
+        # with create_graph=True the kept blocks (made without a graph) are recomputed, so they get gradients
+        reuse = plain and not torch.is_grad_enabled()
+        grad_values = back(fk, fq, grad, scores.transpose(-1, -2) if reuse else None) if needs[2] else None
         return grad_fq, grad_fk, grad_values, None, None
 
 

@@ -161,6 +161,40 @@ def test_causal_product_with_scales_matches_its_definition_and_gradients():
     assert torch.autograd.gradcheck(lambda *t: CausalProduct.apply(*t, scale[:1, :1, :8], chunk), small)
 
 
+@pytest.mark.parametrize("wanted", [(0, 1, 2), (1, 2), (0, 1), (0, 2), (1,), (2,)])
+def test_causal_product_gradients_for_any_inputs_that_need_them(wanted):
+    """Without scales the backward shares blocks and one reverse scan between grad phi(K) and grad [V 1]; each
+    subset of inputs that need gradients gets the dense form's, first and second order."""
+    chunk, n = 4, 14  # n not a multiple of the chunk: the caller pads, here the product sees 16
+    fq, fk = randn(2, 3, 16, 5, seed=0).exp(), randn(2, 3, 16, 5, seed=1).exp()
+    values = randn(2, 3, 16, 6, seed=2)
+    leaves = [t.requires_grad_(i in wanted) for i, t in enumerate((fq, fk, values))]
+    weights = randn(2, 3, 16, 6, seed=3)
+    got = CausalProduct.apply(*leaves, None, chunk)[:, :, :n]
+    expected = dense_causal_product(*leaves, torch.zeros(2, 3, 16, dtype=F64))[:, :, :n]
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    inputs_wanted = [leaves[i] for i in wanted]
+    reference = torch.autograd.grad((expected * weights[:, :, :n]).sum(), inputs_wanted, create_graph=True)
+    for create_graph in (False, True):  # in place and shared, or differentiable
+        first = torch.autograd.grad(
+            (got * weights[:, :, :n]).sum(), inputs_wanted, create_graph=create_graph, retain_graph=True
+        )
+        for a, b in zip(first, reference, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    probe = sum((g * randn(*g.shape, seed=10 + i)).sum() for i, g in enumerate(first))
+    expected_probe = sum((g * randn(*g.shape, seed=10 + i)).sum() for i, g in enumerate(reference))
+    # the product is linear in each input: a lone input's gradient does not depend on it
+    assert probe.requires_grad == expected_probe.requires_grad == (len(wanted) > 1)
+    if not probe.requires_grad:
+        return
+    second = torch.autograd.grad(probe, inputs_wanted, allow_unused=True)
+    expected_second = torch.autograd.grad(expected_probe, inputs_wanted, allow_unused=True)
+    for a, b in zip(second, expected_second, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["linear", "cosformer", "performer"])
 def test_later_keys_do_not_change_earlier_outputs_even_in_rounding(name):
     """Query i's weights use only keys j <= i (Performer: the running maximum over the keys it sees), so
