@@ -18,12 +18,15 @@ of cumulative outer products that public code builds nor one state per chunk eve
 (:class:`CausalProduct`) follows Katharopoulos Sec. 3.3.1: the gradients are themselves causal products,
 grad phi(Q) = causal(G, [V 1], phi(K)), and grad phi(K), grad [V 1] are anti-causal products of
 ([V 1], G, phi(Q)) and (phi(K), phi(Q), G), scanned from the last chunk to the first (no sequence is
-flipped); each again carries one state. The scans live in :mod:`attention_zoo.kernel_products`; the
-non-causal form, one product with its gradients written out, in :mod:`attention_zoo.kernel_bidirectional`.
+flipped); each again carries one state, and the two anti-causal ones share it (sum_i G_i phi(Q_i)^T, one
+state the other's transpose) and their in-chunk blocks (transposes of grad phi(Q)'s and of the forward's).
+The scans live in :mod:`attention_zoo.kernel_products`; the non-causal form, one product with its gradients
+written out, in :mod:`attention_zoo.kernel_bidirectional`.
 
 Cost per (batch, head): time O(n c (m + D) + n m D); memory O(n (m + D + c) + m D): the features of
 every position are kept for backward, as autograd keeps any activation (App. B.3's O(m d + L d + m L)),
-and the in-chunk blocks, n c in all, live during one product. Performer's non-causal form keeps no
+and the in-chunk blocks, n c in all, live during one product (and are kept for backward when the features are
+not log-domain). Performer's non-causal form keeps no
 feature map at all (:class:`~attention_zoo.kernel_products.FavorAttention`).
 
 Conventions of this implementation (the papers leave them open):
