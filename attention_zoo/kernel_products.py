@@ -147,8 +147,7 @@ def causal_scan(
     Returns the outputs and the final state and reference."""
     # x: batch x heads, g: chunk, i / j: query / key position in a chunk
     (batch, heads, n, r), e = a.shape, c.shape[-1]
-    blocks = lambda t: rearrange(t, "b h (g i) ... -> (b h) g i ...", i=chunk)
-    a, b, c = blocks(a), blocks(b), blocks(c)
+    a, b, c = (chunked(t, chunk) for t in (a, b, c))
     order = range(n // chunk - 1, -1, -1) if reverse else range(n // chunk)
     state = a.new_zeros(batch * heads, r, e) if state is None else rearrange(state, "b h r e -> (b h) r e")
     if scores is not None and scale is not None:
@@ -160,7 +159,7 @@ def causal_scan(
     else:
         scores = a @ b.transpose(-1, -2)  # (x, g, i, j)
         start = a.new_full((batch * heads, 1), LOW) if reference is None else rearrange(reference, "b h 1 -> (b h) 1")
-        scale = blocks(scale).flatten(1)
+        scale = chunked(scale, chunk).flatten(1)
         level = scale.flip(-1).cummax(dim=-1).values.flip(-1) if reverse else scale.cummax(dim=-1).values
         level = torch.maximum(level, start)
         level, scale = rearrange(level, "x (g i) -> x g i", i=chunk), rearrange(scale, "x (g i) -> x g i", i=chunk)
@@ -193,11 +192,20 @@ def causal_scan(
     if graph:
         out = out + torch.stack([carried[g] for g in range(n // chunk)], dim=1)
     if rows is not None:
-        rows = blocks(rows).unsqueeze(-1)
+        rows = chunked(rows, chunk).unsqueeze(-1)
         out = out * rows if graph else out.mul_(rows)
-    unblocks = lambda t: rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
     end_reference = None if scale is None else rearrange(end[:, order[-1], None], "(b h) 1 -> b h 1", b=batch)
-    return unblocks(out), rearrange(state, "(b h) r e -> b h r e", b=batch), end_reference
+    return unchunked(out, batch), rearrange(state, "(b h) r e -> b h r e", b=batch), end_reference
+
+
+def chunked(t: Tensor, chunk: int) -> Tensor:
+    """``t`` (B, H, L, ...) as (B H, L / chunk, chunk, ...): the chunks of each sequence."""
+    return rearrange(t, "b h (g i) ... -> (b h) g i ...", i=chunk)
+
+
+def unchunked(t: Tensor, batch: int) -> Tensor:
+    """The inverse of :func:`chunked` for (B H, L / chunk, chunk, e)."""
+    return rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
 
 
 def masked_blocks(scores: Tensor, reverse: bool) -> Tensor:
@@ -208,8 +216,7 @@ def masked_blocks(scores: Tensor, reverse: bool) -> Tensor:
 def chunk_scores(a: Tensor, b: Tensor, chunk: int) -> Tensor:
     """tril(a_g b_g^T) for every chunk g of ``a, b`` (B, H, L, r), ``(B H, L / chunk, chunk, chunk)``: the
     blocks :func:`causal_scan` computes first; transposed, the blocks of the reverse scan of (b, a)."""
-    blocks = lambda t: rearrange(t, "b h (g i) r -> (b h) g i r", i=chunk)
-    return masked_blocks(blocks(a) @ blocks(b).transpose(-1, -2), reverse=False)
+    return masked_blocks(chunked(a, chunk) @ chunked(b, chunk).transpose(-1, -2), reverse=False)
 
 
 def anticausal_pair(
@@ -221,8 +228,7 @@ def anticausal_pair(
     ``forward_scores`` = :func:`chunk_scores` (phi(Q), phi(K)): transposed, the in-chunk blocks of the two. No
     graph is recorded (the caller's double backward takes two :func:`causal_scan` instead)."""
     batch = values.shape[0]
-    blocks = lambda t: rearrange(t, "b h (g i) e -> (b h) g i e", i=chunk)
-    values, grad, fq, fk = blocks(values), blocks(grad), blocks(fq), blocks(fk)
+    values, grad, fq, fk = (chunked(t, chunk) for t in (values, grad, fq, fk))
     grad_fk, grad_values = shared.transpose(-1, -2) @ fq, forward_scores.transpose(-1, -2) @ grad
     state = grad.new_zeros(grad.shape[0], grad.shape[-1], fq.shape[-1])  # (x, e, r)
     carried_fk, carried_values = grad_fk.new_empty(grad_fk[:, 0].shape), grad_values.new_empty(grad_values[:, 0].shape)
@@ -230,8 +236,7 @@ def anticausal_pair(
         grad_fk[:, g].add_(torch.bmm(values[:, g], state, out=carried_fk))
         grad_values[:, g].add_(torch.bmm(fk[:, g], state.transpose(1, 2), out=carried_values))
         state = torch.baddbmm(state, grad[:, g].transpose(1, 2), fq[:, g])
-    unblocks = lambda t: rearrange(t, "(b h) g i e -> b h (g i) e", b=batch)
-    return unblocks(grad_fk), unblocks(grad_values)
+    return unchunked(grad_fk, batch), unchunked(grad_values, batch)
 
 
 class CausalProduct(torch.autograd.Function):
