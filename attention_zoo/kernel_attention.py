@@ -26,8 +26,9 @@ written out, in :mod:`attention_zoo.kernel_bidirectional`.
 Cost per (batch, head): time O(n c (m + D) + n m D); memory O(n (m + D + c) + m D): the features of
 every position are kept for backward, as autograd keeps any activation (App. B.3's O(m d + L d + m L)),
 and the in-chunk blocks, n c in all, live during one product (and are kept for backward when the features are
-not log-domain). Performer's non-causal form keeps no feature map at all
-(:class:`~attention_zoo.kernel_products.FavorAttention`).
+not log-domain). Performer keeps no feature map at all, non-causal
+(:class:`~attention_zoo.kernel_products.FavorAttention`) or causal
+(:class:`~attention_zoo.kernel_causal_favor.CausalFavor`, the same scans one span of positions at a time).
 
 Conventions of this implementation (the papers leave them open):
 - Precision (:mod:`attention_zoo.precision`): features, state and normaliser are float32 for bf16/fp16

@@ -31,7 +31,8 @@ FEATURE_ELEMENTS = 1 << 19
 
 
 def feature_chunk(q: Tensor, m: int) -> int:
-    """Positions per chunk of :class:`FavorAttention` for ``q`` (B, H, N, d) and m features."""
+    """Positions per chunk of :class:`FavorAttention` (and per span of ``kernel_causal_favor.CausalFavor``) for
+    ``q`` (B, H, N, d) and m features."""
     return max(1, chunk_elements(q.device, FEATURE_ELEMENTS) // (q.shape[0] * q.shape[1] * m))
 
 

@@ -58,9 +58,10 @@ The references carry no gradient: the output does not depend on them. The refere
 So float32 agrees with float64 even where every unstabilised feature underflows (tests/attention_zoo/test_performer.py).
 
 Complexity: O(L m d) time (features O(L m d), products O(L m d), causal chunks O(L c (m + d))); memory
-O(L (m + d + c) + m d) per head causal; non-causal O(L d + m d): the features exist one chunk of positions
-at a time and are recomputed in backward (``kernel_products.FavorAttention``). Decoding keeps an
-m x (d + 1) state per head: O(m d) per token.
+O(L d + m d) per head, causal or not: the features exist one span of positions at a time and are recomputed in
+backward (non-causal: ``kernel_products.FavorAttention``; causal: ``kernel_causal_favor.CausalFavor``, which also
+keeps one m x (d + 1) state per span, O(L d) at a span of about m positions). Decoding keeps an m x (d + 1)
+state per head: O(m d) per token.
 
 Limits: an estimate, not softmax attention. Its variance grows as exp(|x + y|^2) / m (Lemma 2), so the
 error depends on the size of q and k as much as on m: with unit-scale entries of q and k the estimate is
@@ -73,11 +74,13 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
 from attention_zoo.core import Approximation, Geometry, zero_padded
 from attention_zoo.kernel_attention import KernelAttention
+from attention_zoo.kernel_causal_favor import CausalFavor
 from attention_zoo.kernel_products import FavorAttention, feature_chunk
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
@@ -157,7 +160,7 @@ class PerformerAttention(KernelAttention):
         if self.training and torch._C._current_graph_task_id() == -1:
             self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
         if causal:
-            return super().attend(q, k, v, mask=mask, causal=causal)
+            return self.causal_attend(q, k, v, mask)
         # non-causal: the features exist one chunk of positions at a time, in forward and backward
         with full_precision(q) as compute:
             if mask is not None and q.shape[-2] == k.shape[-2]:
@@ -166,6 +169,28 @@ class PerformerAttention(KernelAttention):
             hidden = None if mask is None else ~rearrange(mask, "b j -> b 1 j 1")
             x, y, values, relu = q.to(compute), k.to(compute), v.to(compute), self.kernel == "relu"
             return FavorAttention.apply(x, y, values, w, self.dim_head**-0.25, hidden, relu, chunk).to(q.dtype)
+
+    def causal_attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        # the features exist one span of positions at a time, in forward and backward (kernel_causal_favor);
+        # query i sits at key position i + nk - nq (the ends aligned), the last chunk is completed with hidden keys
+        nq, nk = q.shape[-2], k.shape[-2]
+        length = max(nq, nk)
+        chunk = min(self.chunk_size, length)
+        span = max(1, feature_chunk(q, self.nb_features) // chunk) * chunk
+        tail = -(-length // chunk) * chunk - length
+        q_front, k_front = length - nq, length - nk
+        with full_precision(q) as compute:
+            if mask is not None and nq == nk:
+                q = zero_padded(q, mask)
+            real = torch.ones(k.shape[0], nk, dtype=torch.bool, device=k.device) if mask is None else mask
+            keys = F.pad(real, (k_front, tail), value=False)
+            hidden = None if bool(keys.all()) else ~rearrange(keys, "b j -> b 1 j 1")
+            x, y, values = (
+                F.pad(t.to(compute), (0, 0, front, tail)) for t, front in ((q, q_front), (k, k_front), (v, k_front))
+            )
+            w, relu = self.projection(q.device, compute), self.kernel == "relu"
+            out = CausalFavor.apply(x, y, values, w, self.dim_head**-0.25, hidden, relu, chunk, span)
+            return out[:, :, q_front : q_front + nq].to(q.dtype)
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
         # b: batch, h: heads, n: positions, f: features. Up to factors that cancel in D^-1 A (docstring):
