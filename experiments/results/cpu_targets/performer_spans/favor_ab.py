@@ -49,4 +49,8 @@ parts = [
     for label, t in times.items()
 ]
 ratio = lambda label: min(times["full"]) / min(times[label])
-print(f"n={n}: " + "; ".join(parts) + f"; speed vs full: spans {ratio('spans'):.2f}x, whole maps {ratio('whole maps'):.2f}x")
+print(
+    f"n={n}: "
+    + "; ".join(parts)
+    + f"; speed vs full: spans {ratio('spans'):.2f}x, whole maps {ratio('whole maps'):.2f}x"
+)
