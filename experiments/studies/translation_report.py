@@ -21,6 +21,7 @@ from typing import Any
 
 COLUMNS = (
     ("model", "Model"),
+    ("seed", "Seed"),
     ("ppl_dev", "PPL (dev)"),
     ("bleu_dev", "BLEU (dev, greedy, subset)"),
     ("bleu_test", "BLEU (test, beam 4)"),
@@ -56,6 +57,7 @@ def table_rows(runs: list[tuple[str, Path, dict[str, Any]]]) -> list[dict[str, A
             {
                 "label": label,
                 "model": model_name(record),
+                "seed": int(label.rsplit("seed-", 1)[1]),
                 "ppl_dev": metrics.get("val/ppl"),
                 "bleu_dev": metrics.get("val/bleu"),
                 "bleu_test": metrics.get("test/bleu"),
@@ -103,12 +105,19 @@ def plot(points: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # one colour per arm (the label without its seed), one line per seed
+    arm = lambda label: label.rsplit("/seed-", 1)[0]
+    arms = sorted({arm(p["label"]) for p in points})
     figure, axes = plt.subplots(1, len(CURVE_TAGS), figsize=(5 * len(CURVE_TAGS), 4))
     for axis, tag in zip(axes, CURVE_TAGS, strict=True):
+        named = set()
         for label in sorted({p["label"] for p in points}):
             series = sorted((p["step"], p["value"]) for p in points if p["label"] == label and p["tag"] == tag)
             if series:
-                axis.plot(*zip(*series, strict=True), label=label, marker="o" if tag != "train/loss" else None)
+                legend = None if arm(label) in named else arm(label)
+                named.add(arm(label))
+                axis.plot(*zip(*series, strict=True), label=legend, color=f"C{arms.index(arm(label)) % 10}",
+                          alpha=0.8, marker="o" if tag != "train/loss" else None, markersize=3)  # fmt: skip
         axis.set_title(tag)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
@@ -197,8 +206,8 @@ def _options(options: dict | None) -> str:
 def _cell(value: Any, key: str) -> str:
     if value is None:
         return "-"
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str) or key == "seed":
+        return str(value)
     if key in ("train_tokens_per_s",) or key.startswith(("greedy", "beam")):
         return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
     return f"{value:.2f}" if key in ("ppl_dev", "train_wall_min") else f"{value:.1f}"

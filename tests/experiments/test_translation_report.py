@@ -40,9 +40,9 @@ def test_report_table_curves_and_replot(tmp_path):
     out = tmp_path / "out"
     assert translation_report.main([str(experiment), "--out", str(out)]) == 0
     table = (out / "results.md").read_text()
-    assert "| full; decoder full | 3.50 | 20.0 | 21.0 | 50.0 | 1,234 | 10.00 | 20.0 | 10.0 | 20.0 | 10.0 |" in table
+    assert "| full; decoder full | 0 | 3.50 | 20.0 | 21.0 | 50.0 | 1,234 | 10.00 | 20.0 | 10.0 | 20.0 | 10.0 |" in table
     assert "linformer k=32; decoder linformer_causal" in table
-    assert "| copy the source (no model) | - | 14.0 | 15.3 | 25.3 |" in table
+    assert "| copy the source (no model) | - | - | 14.0 | 15.3 | 25.3 |" in table
     with open(out / "curves.csv") as file:
         points = list(csv.DictReader(file))
     assert len(points) == 2 * 3 * 3 and {p["tag"] for p in points} == set(translation_report.CURVE_TAGS)
