@@ -32,7 +32,10 @@ A query with no positive feature (all of q <= 0), or no real key with an overlap
 has a zero denominator and gives zeros; the authors' code clamps the denominator at 1e-6 instead.
 
 Complexity: O(n d^2) time non-causal, O(n c d + n d^2) causal (c = ``chunk_size``); memory O(n (d + c) +
-d^2) per head; decoding keeps a 2d x (d + 1) state per head.
+d^2) per head; decoding keeps a 2d x (d + 1) state per head. Non-causal on the CPU, the (n, 2d) feature maps are made
+one chunk of positions at a time, in the forward and again in the backward (:class:`ChunkedCosformer`): no (n, 2d)
+map exists (32 MiB at n = 8192, B = 1, H = 8, d = 64: allocations that large are mapped fresh and each page faults
+on first touch), and the backward keeps q, k, v, the output and O(d^2) sums.
 """
 
 from __future__ import annotations
@@ -45,8 +48,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation
+from attention_zoo.chunking import chunk_elements
+from attention_zoo.core import Approximation, zero_padded
 from attention_zoo.kernel_attention import KernelAttention
+from attention_zoo.kernel_bidirectional import dense_bidirectional
+from attention_zoo.kernel_products import FEATURE_ELEMENTS, flat, inverse, matrix_vector
+from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
 
 
@@ -69,7 +76,18 @@ class CosFormerAttention(KernelAttention):
                 f"cosformer: query length {q.shape[-2]} exceeds max_seq_len={self.max_seq_len} (= M of the "
                 "re-weighting, which needs every position < M); rebuild it with a larger max_seq_len"
             )
-        return super().attend(q, k, v, mask=mask, causal=causal)
+        if causal or q.device.type != "cpu":  # an accelerator makes the whole maps in one product
+            return super().attend(q, k, v, mask=mask, causal=causal)
+        with full_precision(q) as compute:
+            if mask is not None and q.shape[-2] == k.shape[-2]:
+                q = zero_padded(q, mask)
+            step = math.pi / (2 * self.max_seq_len)
+            angles = [torch.arange(t.shape[-2], device=q.device, dtype=compute) * step for t in (q, k)]
+            weights = [torch.stack([angle.cos(), angle.sin()], dim=-1) for angle in angles]
+            hidden = None if mask is None else ~rearrange(mask, "b j -> b 1 j 1")
+            chunk = max(1, chunk_elements(q.device, FEATURE_ELEMENTS) // (q.shape[0] * q.shape[1] * 2 * q.shape[-1]))
+            x, y, values = q.to(compute), k.to(compute), v.to(compute)
+            return ChunkedCosformer.apply(x, y, values, *weights, hidden, chunk).to(q.dtype)
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
         # b: batch, h: heads, n: positions, d: head dim
@@ -77,3 +95,100 @@ class CosFormerAttention(KernelAttention):
         weights = rearrange([torch.cos(angle), torch.sin(angle)], "t n -> n t 1")
         # one broadcast product writes [ReLU(x) cos, ReLU(x) sin] (the order of the docstring's phi) in one pass
         return rearrange(F.relu(x).unsqueeze(-2) * weights, "b h n t d -> b h n (t d)")
+
+
+def reweighted(x: Tensor, weights: Tensor) -> Tensor:
+    """phi(x_i) = [ReLU(x_i) cos_i, ReLU(x_i) sin_i] for ``x`` (X, c, d) and ``weights`` (c, 2) = [cos_i, sin_i]."""
+    return rearrange(F.relu(x).unsqueeze(-2) * weights.unsqueeze(-1), "x n t d -> x n (t d)")
+
+
+def reweighted_backward(grad: Tensor, x: Tensor, weights: Tensor) -> Tensor:
+    """The gradient of x from that of phi(x): (grad_cos cos_i + grad_sin sin_i) where x > 0."""
+    grad = rearrange(grad, "x n (t d) -> x n t d", t=2)
+    return torch.linalg.vecdot(grad, weights.unsqueeze(-1), dim=-2).masked_fill_(x <= 0, 0.0)
+
+
+class ChunkedCosformer(torch.autograd.Function):
+    """cosFormer's non-causal output, ``(B, H, Nq, D)``, with the (n, 2d) feature maps made one chunk of positions
+    at a time, in forward and backward: S = sum_j phi(K_j) V_j^T and z = sum_j phi(K_j) (2d x D and 2d) are summed
+    chunk by chunk, then each chunk of queries is read against them (``kernel_bidirectional``'s equations; its
+    backward likewise, with each chunk's maps made again from q or k). ``wq``, ``wk``: (N, 2) [cos, sin] of each
+    position; ``hidden`` (B, 1, Nk, 1) True at padded keys (or None). With create_graph=True the backward
+    differentiates the unchunked product, so second-order gradients are exact."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, wq, wk, hidden, chunk: int) -> Tensor:
+        # x: batch x heads, f: features (2d), e: value width
+        batch, inputs = q.shape[0], (q, k, v)
+        q, k, v = (flat(t) for t in inputs)
+        keys_hidden = None if hidden is None else hidden_flat(hidden, q.shape[0])
+        features = 2 * q.shape[-1]
+        sums, normaliser = v.new_zeros(q.shape[0], features, v.shape[-1]), v.new_zeros(q.shape[0], features, 1)
+        ones = v.new_ones(chunk, 1)
+        for j in range(0, k.shape[1], chunk):
+            fk = reweighted(k[:, j : j + chunk], wk[j : j + chunk])
+            if keys_hidden is not None:
+                fk.masked_fill_(keys_hidden[:, j : j + chunk], 0.0)
+            torch.baddbmm(sums, fk.transpose(1, 2), v[:, j : j + chunk], out=sums)
+            normaliser.add_(matrix_vector(fk.transpose(1, 2), ones[: fk.shape[1]]))
+        out, denominator = q.new_empty(q.shape[:2] + v.shape[-1:]), q.new_empty(q.shape[:2] + (1,))
+        for i in range(0, q.shape[1], chunk):
+            fq = reweighted(q[:, i : i + chunk], wq[i : i + chunk])
+            den = torch.bmm(fq, normaliser, out=denominator[:, i : i + chunk])
+            none = den <= 0  # False for NaN: a NaN denominator stays NaN
+            torch.bmm(fq, sums, out=out[:, i : i + chunk]).div_(den.masked_fill(none, 1.0)).masked_fill_(none, 0.0)
+        ctx.save_for_backward(*inputs, wq, wk, hidden, sums, normaliser, out, denominator)
+        ctx.chunk, ctx.batch = chunk, batch
+        return out.view(*inputs[0].shape[:-1], v.shape[-1])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        *inputs, wq, wk, hidden, sums, normaliser, out, denominator = ctx.saved_tensors
+        chunk, needs = ctx.chunk, ctx.needs_input_grad[:3]
+        unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
+        none = (None,) * 4
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+            with torch.enable_grad():
+                q, k, v = (flat(t) for t in inputs)
+                fk = reweighted(k, wk)
+                fk = fk if hidden is None else fk.masked_fill(hidden_flat(hidden, q.shape[0]), 0.0)
+                again = unflat(dense_bidirectional(reweighted(q, wq), fk, v))
+            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
+            return (*(next(grads) if need else None for need in needs), *none)
+        (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
+        if hidden is not None:
+            hidden = hidden_flat(hidden, q.shape[0])
+        grad_q, grad_k, grad_v = (
+            torch.empty_like(t) if need else None for t, need in zip((q, k, v), needs, strict=True)
+        )
+        grad_sums, grad_normaliser = torch.zeros_like(sums), torch.zeros_like(normaliser)
+        for i in range(0, q.shape[1], chunk):
+            fq = reweighted(q[:, i : i + chunk], wq[i : i + chunk])
+            # through the normalisation: d out / d numerator = 1 / den, d out / d den = -out / den
+            g = grad[:, i : i + chunk] * inverse(denominator[:, i : i + chunk])
+            g_den = torch.linalg.vecdot(g, out[:, i : i + chunk]).neg_().unsqueeze(-1)
+            torch.baddbmm(grad_sums, fq.transpose(1, 2), g, out=grad_sums)
+            grad_normaliser.add_(matrix_vector(fq.transpose(1, 2), g_den))
+            if needs[0]:
+                grad_fq = torch.bmm(g, sums.transpose(1, 2)).addcmul_(g_den, normaliser.transpose(1, 2))
+                grad_q[:, i : i + chunk] = reweighted_backward(grad_fq, q[:, i : i + chunk], wq[i : i + chunk])
+        for j in range(0, k.shape[1], chunk):
+            if needs[2]:
+                fk = reweighted(k[:, j : j + chunk], wk[j : j + chunk])
+                if hidden is not None:
+                    fk.masked_fill_(hidden[:, j : j + chunk], 0.0)
+                torch.bmm(fk, grad_sums, out=grad_v[:, j : j + chunk])
+            if needs[1]:
+                grad_fk = torch.bmm(v[:, j : j + chunk], grad_sums.transpose(1, 2)).add_(
+                    grad_normaliser.transpose(1, 2)
+                )
+                if hidden is not None:
+                    grad_fk.masked_fill_(hidden[:, j : j + chunk], 0.0)
+                grad_k[:, j : j + chunk] = reweighted_backward(grad_fk, k[:, j : j + chunk], wk[j : j + chunk])
+        return *(unflat(t) for t in (grad_q, grad_k, grad_v)), *none
+
+
+def hidden_flat(hidden: Tensor, rows: int) -> Tensor:
+    """``hidden`` (B, 1, Nk, 1) as (B H, Nk, 1) for ``rows`` = B H."""
+    return rearrange(hidden.expand(-1, rows // hidden.shape[0], -1, -1), "b h j 1 -> (b h) j 1")
