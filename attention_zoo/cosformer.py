@@ -52,7 +52,7 @@ from attention_zoo.chunking import chunk_elements
 from attention_zoo.core import Approximation, zero_padded
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.kernel_bidirectional import dense_bidirectional
-from attention_zoo.kernel_products import FEATURE_ELEMENTS, flat, inverse, matrix_vector
+from attention_zoo.kernel_products import FEATURE_ELEMENTS, differentiable_backward, flat, inverse, matrix_vector
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
 
@@ -148,14 +148,14 @@ class ChunkedCosformer(torch.autograd.Function):
         unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 4
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            with torch.enable_grad():
+
+            def dense() -> Tensor:
                 q, k, v = (flat(t) for t in inputs)
                 fk = reweighted(k, wk)
                 fk = fk if hidden is None else fk.masked_fill(hidden_flat(hidden, q.shape[0]), 0.0)
-                again = unflat(dense_bidirectional(reweighted(q, wq), fk, v))
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
-            return (*(next(grads) if need else None for need in needs), *none)
+                return unflat(dense_bidirectional(reweighted(q, wq), fk, v))
+
+            return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
         if hidden is not None:
             hidden = hidden_flat(hidden, q.shape[0])

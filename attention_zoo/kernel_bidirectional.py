@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.kernel_products import flat, inverse, matrix_vector, normalised
+from attention_zoo.kernel_products import differentiable_backward, flat, inverse, matrix_vector, normalised
 
 
 def dense_bidirectional(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
@@ -62,11 +62,7 @@ class BidirectionalProduct(torch.autograd.Function):
         needs = ctx.needs_input_grad
         unflat = lambda t: t.view(*inputs[0].shape[:2], *t.shape[1:])
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            with torch.enable_grad():
-                again = dense_bidirectional(*inputs)
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
-            return tuple(next(grads) if need else None for need in needs)
+            return differentiable_backward(lambda: dense_bidirectional(*inputs), inputs, needs, grad, 0)
         fq, fk, v = (flat(t) for t in inputs)
         grad = flat(grad)
         scaled = grad * inverse(denominator)  # G~ (0 where the denominator is <= 0)

@@ -40,6 +40,7 @@ from attention_zoo.kernel_products import (
     LOW,
     CausalProduct,
     causal_scan,
+    differentiable_backward,
     inverse,
     key_features,
     normalised,
@@ -131,11 +132,8 @@ class CausalFavor(torch.autograd.Function):
         unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 6
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            with torch.enable_grad():
-                again = unflat(unspanned(*(flat(t) for t in inputs), w, s, hidden, relu, chunk))
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
-            return (*(next(grads) if need else None for need in needs), *none)
+            dense = lambda: unflat(unspanned(*(flat(t) for t in inputs), w, s, hidden, relu, chunk))
+            return differentiable_backward(dense, inputs, needs, grad, len(none))
         q, k, v = (flat(t) for t in inputs)
         values = F.pad(v, (0, 1), value=1.0)
         # through the normalisation: d out / d numerator = 1 / den, d out / d den = -out / den (0 where den <= 0)

@@ -72,6 +72,16 @@ class Normalised(torch.autograd.Function):
         return grad_sums
 
 
+def differentiable_backward(dense, inputs: tuple[Tensor, ...], needs: tuple[bool, ...], grad: Tensor, extra: int):
+    """A custom backward asked for a graph (create_graph=True): the gradients of ``dense()``, the same product by
+    autograd-visible operations, for the ``inputs`` that ``needs`` marks, then ``extra`` Nones (the other inputs)."""
+    with torch.enable_grad():
+        again = dense()
+    wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
+    grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
+    return (*(next(grads) if need else None for need in needs), *(None,) * extra)
+
+
 def flat(t: Tensor) -> Tensor:
     return rearrange(t, "b h n e -> (b h) n e")
 
@@ -336,11 +346,8 @@ class FavorAttention(torch.autograd.Function):
         unflat = lambda t: rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 5
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            with torch.enable_grad():
-                again = unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference))
-            wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-            grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
-            return (*(next(grads) if need else None for need in needs), *none)
+            dense = lambda: unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference))
+            return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
         grad_q, grad_k, grad_v = (
             torch.empty_like(t) if need else None for t, need in zip((q, k, v), needs, strict=True)
