@@ -48,11 +48,17 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.chunking import chunk_elements
 from attention_zoo.core import Approximation, zero_padded
 from attention_zoo.kernel_attention import KernelAttention
 from attention_zoo.kernel_bidirectional import dense_bidirectional
-from attention_zoo.kernel_products import FEATURE_ELEMENTS, differentiable_backward, flat, inverse, matrix_vector
+from attention_zoo.kernel_products import (
+    differentiable_backward,
+    feature_chunk,
+    flat,
+    hidden_rows,
+    inverse,
+    matrix_vector,
+)
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
 
@@ -81,25 +87,25 @@ class CosFormerAttention(KernelAttention):
         with full_precision(q) as compute:
             if mask is not None and q.shape[-2] == k.shape[-2]:
                 q = zero_padded(q, mask)
-            step = math.pi / (2 * self.max_seq_len)
-            angles = [torch.arange(t.shape[-2], device=q.device, dtype=compute) * step for t in (q, k)]
-            weights = [torch.stack([angle.cos(), angle.sin()], dim=-1) for angle in angles]
+            weights = [self.position_weights(torch.arange(t.shape[-2], device=q.device), compute) for t in (q, k)]
             hidden = None if mask is None else ~rearrange(mask, "b j -> b 1 j 1")
-            chunk = max(1, chunk_elements(q.device, FEATURE_ELEMENTS) // (q.shape[0] * q.shape[1] * 2 * q.shape[-1]))
+            chunk = feature_chunk(q, 2 * q.shape[-1])
             x, y, values = q.to(compute), k.to(compute), v.to(compute)
             return ChunkedCosformer.apply(x, y, values, *weights, hidden, chunk).to(q.dtype)
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
-        # b: batch, h: heads, n: positions, d: head dim
-        angle = positions.to(x.dtype) * (math.pi / (2 * self.max_seq_len))
-        weights = rearrange([torch.cos(angle), torch.sin(angle)], "t n -> n t 1")
-        # one broadcast product writes [ReLU(x) cos, ReLU(x) sin] (the order of the docstring's phi) in one pass
-        return rearrange(F.relu(x).unsqueeze(-2) * weights, "b h n t d -> b h n (t d)")
+        return reweighted(x, self.position_weights(positions, x.dtype))
+
+    def position_weights(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
+        """[cos(pi i / 2M), sin(pi i / 2M)] of each position i, ``(N, 2)``."""
+        angle = positions.to(dtype) * (math.pi / (2 * self.max_seq_len))
+        return torch.stack([angle.cos(), angle.sin()], dim=-1)
 
 
 def reweighted(x: Tensor, weights: Tensor) -> Tensor:
-    """phi(x_i) = [ReLU(x_i) cos_i, ReLU(x_i) sin_i] for ``x`` (X, c, d) and ``weights`` (c, 2) = [cos_i, sin_i]."""
-    return rearrange(F.relu(x).unsqueeze(-2) * weights.unsqueeze(-1), "x n t d -> x n (t d)")
+    """phi(x_i) = [ReLU(x_i) cos_i, ReLU(x_i) sin_i] (the order of the docstring's phi) for ``x`` (..., N, d) and
+    ``weights`` (N, 2) = [cos_i, sin_i]: one broadcast product writes both halves in one pass."""
+    return rearrange(F.relu(x).unsqueeze(-2) * weights.unsqueeze(-1), "... n t d -> ... n (t d)")
 
 
 def reweighted_backward(grad: Tensor, x: Tensor, weights: Tensor) -> Tensor:
@@ -121,7 +127,7 @@ class ChunkedCosformer(torch.autograd.Function):
         # x: batch x heads, f: features (2d), e: value width
         batch, inputs = q.shape[0], (q, k, v)
         q, k, v = (flat(t) for t in inputs)
-        keys_hidden = None if hidden is None else hidden_flat(hidden, q.shape[0])
+        keys_hidden = hidden_rows(hidden, q.shape[0] // batch)
         features = 2 * q.shape[-1]
         sums, normaliser = v.new_zeros(q.shape[0], features, v.shape[-1]), v.new_zeros(q.shape[0], features, 1)
         ones = v.new_ones(chunk, 1)
@@ -152,13 +158,12 @@ class ChunkedCosformer(torch.autograd.Function):
             def dense() -> Tensor:
                 q, k, v = (flat(t) for t in inputs)
                 fk = reweighted(k, wk)
-                fk = fk if hidden is None else fk.masked_fill(hidden_flat(hidden, q.shape[0]), 0.0)
+                fk = fk if hidden is None else fk.masked_fill(hidden_rows(hidden, q.shape[0] // ctx.batch), 0.0)
                 return unflat(dense_bidirectional(reweighted(q, wq), fk, v))
 
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
-        if hidden is not None:
-            hidden = hidden_flat(hidden, q.shape[0])
+        hidden = hidden_rows(hidden, q.shape[0] // ctx.batch)
         grad_q, grad_k, grad_v = (
             torch.empty_like(t) if need else None for t, need in zip((q, k, v), needs, strict=True)
         )
@@ -187,8 +192,3 @@ class ChunkedCosformer(torch.autograd.Function):
                     grad_fk.masked_fill_(hidden[:, j : j + chunk], 0.0)
                 grad_k[:, j : j + chunk] = reweighted_backward(grad_fk, k[:, j : j + chunk], wk[j : j + chunk])
         return *(unflat(t) for t in (grad_q, grad_k, grad_v)), *none
-
-
-def hidden_flat(hidden: Tensor, rows: int) -> Tensor:
-    """``hidden`` (B, 1, Nk, 1) as (B H, Nk, 1) for ``rows`` = B H."""
-    return rearrange(hidden.expand(-1, rows // hidden.shape[0], -1, -1), "b h j 1 -> (b h) j 1")

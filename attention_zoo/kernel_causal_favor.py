@@ -41,10 +41,13 @@ from attention_zoo.kernel_products import (
     CausalProduct,
     causal_scan,
     differentiable_backward,
+    flat,
+    hidden_rows,
     inverse,
     key_features,
     normalised,
     query_features,
+    quotient,
 )
 
 
@@ -100,10 +103,9 @@ class CausalFavor(torch.autograd.Function):
     def forward(ctx, q, k, v, w, s: float, hidden, relu: bool, chunk: int, span: int) -> Tensor:
         # x: batch x heads, n: positions, f: features, e: value width + 1
         (batch, heads), inputs = q.shape[:2], (q, k, v)
-        q, k, values = (rearrange(t, "b h n e -> (b h) n e") for t in (q, k, F.pad(v, (0, 1), value=1.0)))
+        q, k, values = (flat(t) for t in (q, k, F.pad(v, (0, 1), value=1.0)))
         w = (w.T * s).expand(q.shape[0], -1, -1)
-        if hidden is not None:
-            hidden = rearrange(hidden.expand(-1, heads, -1, -1), "b h n 1 -> (b h) n 1")
+        hidden = hidden_rows(hidden, heads)
         sums = values.new_empty(values.shape)
         kappa = None if relu else q.new_empty(q.shape[:2])
         state, reference, starts = None, None, []
@@ -116,9 +118,7 @@ class CausalFavor(torch.autograd.Function):
                 kappa[:, part] = scale
             starts.append((state, reference))
             sums[:, part], state, reference = scan(fq, fk, values[:, part], scale, None, chunk, state, reference)
-        denominator = sums[..., -1:]
-        none = denominator <= 0  # False for NaN: a NaN denominator stays NaN
-        out = (sums[..., :-1] / denominator.masked_fill(none, 1.0)).masked_fill_(none, 0.0)
+        out, denominator = quotient(sums), sums[..., -1:]
         ctx.starts = starts
         ctx.save_for_backward(*inputs, w, hidden, kappa, out, denominator)
         ctx.s, ctx.relu, ctx.chunk, ctx.span, ctx.batch = s, relu, chunk, span, batch
@@ -128,7 +128,6 @@ class CausalFavor(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         *inputs, w, hidden, kappa, out, denominator = ctx.saved_tensors
         s, relu, chunk, span, needs = ctx.s, ctx.relu, ctx.chunk, ctx.span, ctx.needs_input_grad[:3]
-        flat = lambda t: rearrange(t, "b h n e -> (b h) n e")
         unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 6
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward

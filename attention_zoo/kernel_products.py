@@ -42,6 +42,12 @@ def normalised(sums: Tensor) -> Tensor:
     return Normalised.apply(sums)
 
 
+def quotient(sums: Tensor) -> Tensor:
+    """:func:`normalised` without a graph: numerator over denominator (the last column), 0 where it is <= 0."""
+    none = sums[..., -1:] <= 0  # False for NaN: a NaN denominator stays NaN
+    return (sums[..., :-1] / sums[..., -1:].masked_fill(none, 1.0)).masked_fill_(none, 0.0)
+
+
 def inverse(denominator: Tensor) -> Tensor:
     """1 / denominator, 0 where it is <= 0 (with finite gradients there); NaN stays NaN."""
     some = ~(denominator <= 0)  # not `> 0`: that is False for NaN, which would hide the NaN as a 0
@@ -54,8 +60,7 @@ class Normalised(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, sums: Tensor) -> Tensor:
-        none = sums[..., -1:] <= 0  # False for NaN: a NaN denominator stays NaN
-        out = (sums[..., :-1] / sums[..., -1:].masked_fill(none, 1.0)).masked_fill_(none, 0.0)
+        out = quotient(sums)
         ctx.save_for_backward(sums, out)
         return out
 
@@ -84,6 +89,11 @@ def differentiable_backward(dense, inputs: tuple[Tensor, ...], needs: tuple[bool
 
 def flat(t: Tensor) -> Tensor:
     return rearrange(t, "b h n e -> (b h) n e")
+
+
+def hidden_rows(hidden: Tensor | None, heads: int) -> Tensor | None:
+    """Padded keys ``hidden`` (B, 1, Nk, 1) as (B H, Nk, 1), the rows of :func:`flat` tensors."""
+    return None if hidden is None else rearrange(hidden.expand(-1, heads, -1, -1), "b h j 1 -> (b h) j 1")
 
 
 def matrix_vector(a: Tensor, b: Tensor) -> Tensor:
@@ -309,8 +319,7 @@ class FavorAttention(torch.autograd.Function):
         inputs = q, k, v
         q, k, v = (flat(t) for t in inputs)
         w = (w.T * s).expand(q.shape[0], -1, -1)
-        if hidden is not None:
-            hidden = rearrange(hidden.expand(-1, heads, -1, -1), "b h j 1 -> (b h) j 1")
+        hidden = hidden_rows(hidden, heads)
         sums, normaliser = v.new_zeros(q.shape[0], w.shape[-1], v.shape[-1]), v.new_zeros(q.shape[0], w.shape[-1], 1)
         top = v.new_full((q.shape[0], 1, 1), -math.inf)  # running maximum of log phi(K)
         ones = v.new_ones(chunk, 1)
