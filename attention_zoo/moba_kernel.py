@@ -1,5 +1,8 @@
 """MoBA's attention kernel: exact softmax over each query's own block and the blocks its gate selected, in
-key-block-major tiles (the gate itself is in :mod:`attention_zoo.moba`).
+key-block-major tiles (the gate itself is in :mod:`attention_zoo.moba`, the tiles' layout in
+:mod:`attention_zoo.moba_layout`). On the CPU, :func:`moba_attention` hands the same blocks to torch's
+flash-attention op instead (:mod:`attention_zoo.moba_kernel_flash`); the products and passes below serve the
+other devices.
 
 Lu et al. 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs", arXiv:2502.13189, Sec. 2: a query
 q attends to the union I of its own block and its gated blocks I_i (B = block size),
@@ -12,14 +15,10 @@ Own block. Query block i and key block i are contiguous, so rank 0 is plain batc
 (B H N / B) blocks of B x B scores, computed once: no gather at all. When causal, in four slabs of rows,
 each against only the keys up to its last row, the diagonal masked: 5/8 of the block's scores, not all.
 
-Gated blocks. The (query, block) pairs are sorted by key block, so that every key block j is read once per
-batch and scored against all the queries (of every query block) that selected it, as one (M, D) x (D, B)
-product. The (b, h) sequences of a block are batched together, their query lists padded to the longest;
-sequences whose lists are much shorter go to another batch (at most 15% of a batch's rows are padding:
-gathering a block's keys for a batch costs less than padded rows; a batch of every sequence reads them as
-a view), and lists that would exceed the per-chunk budget are cut. A query selects a block at most once,
-so the rows of a batch are distinct and each batch updates its rows' running max m, sum l and output with
-one read-modify-write (online softmax, as FlashAttention does).
+Gated blocks. Every key block j is read once per batch of the layout and scored against all the queries (of
+every query block) that selected it, as one (M, D) x (D, B) product. The rows of a batch are distinct, so each
+batch updates its rows' running max m, sum l and output with one read-modify-write (online softmax, as
+FlashAttention does).
 
 Backward: only O and the row log-sum-exp are kept; P = exp(S - lse) is recomputed per tile, with
 dS = P * (dP - rowsum(dO * O)), dP = dO V^T. dK and dV of a key block are summed straight into its (contiguous)
@@ -28,32 +27,24 @@ rows, dQ of gathered rows with ``index_add_``. Rows that see no key give zeros, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from einops import rearrange, repeat
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attention_zoo import chunking
+from attention_zoo.moba_kernel_flash import FlashMobaAttention
+from attention_zoo.moba_layout import GatedBatch, add_block, block_keys, gated_layout
 from attention_zoo.precision import compute_dtype
 
 #: elements of the largest per-chunk score tile on the CPU (~2 MB in float32, reused by the allocator rather
 #: than faulted in fresh); other devices take the larger budget of :mod:`attention_zoo.chunking`
 _CHUNK_ELEMENTS = 1 << 19
-#: a sequence joins a batch of a key block while its query count is at least this fraction of the batch's largest
-_BATCH_FILL = 0.85
 #: slabs of a causal own block (see :func:`_slabs`)
 _CAUSAL_SLABS = 4
-
-
-@dataclass(frozen=True)
-class GatedBatch:
-    """Queries of some (b, h) sequences that selected key block ``block``, scored together."""
-
-    block: int
-    sequences: Tensor | None  # (G,) long: the flattened (b h) sequence of each batch row; None = all, in order
-    rows: Tensor  # (G, M) long: flattened (b h i) query of each row; B H N pads and sees nothing
+#: devices on which the blocks go to torch's flash-attention op (:mod:`attention_zoo.moba_kernel_flash`)
+#: instead of the products and softmax passes below
+_FLASH_DEVICES = ("cpu",)
 
 
 def moba_attention(
@@ -70,60 +61,9 @@ def moba_attention(
     key_bias = None  # 0 on real keys, -inf on padded ones
     if real is not None:
         key_bias = repeat(torch.zeros_like(real, dtype=work).masked_fill_(~real, -torch.inf), "b n -> (b h) n", h=heads)
-    out = MobaAttention.apply(flat(q), flat(k), flat(v), layout, key_bias, block_size, causal, scale)
+    kernel = FlashMobaAttention if q.device.type in _FLASH_DEVICES else MobaAttention
+    out = kernel.apply(flat(q), flat(k), flat(v), layout, key_bias, block_size, causal, scale)
     return rearrange(out, "(b h) n d -> b h n d", b=batch).to(dtype)
-
-
-def gated_layout(gated: Tensor, block_size: int, budget: int) -> tuple[GatedBatch, ...]:
-    """Batches of the (query, block) pairs of ``gated`` (B, H, N, top_k), grouped by key block (see the module
-    docstring); each batch holds at most ``budget`` scores."""
-    device = gated.device
-    sequences, n, picks = gated.shape[0] * gated.shape[1], gated.shape[2], gated.shape[3]
-    blocks_of = n // block_size
-    query = repeat(torch.arange(sequences * n, device=device), "q -> (q r)", r=picks)
-    block = rearrange(gated, "b h i r -> (b h i r)")
-    routed = block >= 0
-    query, block = query[routed], block[routed]
-    # stable: queries stay in position order within a segment, so its gathers walk memory forwards
-    segment, order = (block * sequences + query // n).sort(stable=True)
-    query = query[order]
-    counts = torch.bincount(segment, minlength=blocks_of * sequences)
-    cap = max(1, budget // block_size)  # rows of one sequence in one batch
-    batches, piece_start, first_piece, start = [], [], [], 0
-    for j, row in enumerate(counts.view(blocks_of, sequences).tolist()):
-        pieces = []  # (rows, sequence, index of the piece)
-        for s, count in enumerate(row):
-            first_piece.append(len(piece_start) + len(pieces))
-            pieces.extend((min(cap, count - at), s, len(pieces)) for at in range(0, count, cap))
-        base = len(piece_start)
-        piece_start.extend([0] * len(pieces))
-        pieces.sort(key=lambda p: -p[0])
-        while pieces:
-            width = pieces[0][0]
-            size = 1
-            while size < min(len(pieces), max(1, budget // (width * block_size))):
-                if pieces[size][0] < _BATCH_FILL * width:
-                    break
-                size += 1
-            members, pieces = sorted(pieces[:size], key=lambda p: p[1]), pieces[size:]
-            for slot, (_, _, index) in enumerate(members):
-                piece_start[base + index] = start + slot * width
-            seqs = [p[1] for p in members]
-            batches.append((j, None if seqs == list(range(sequences)) else seqs, width, start))
-            start += len(members) * width
-    within = torch.arange(len(segment), device=device) - (counts.cumsum(0) - counts)[segment]
-    piece = torch.tensor(first_piece, dtype=torch.long, device=device)[segment] + within // cap
-    slots = torch.tensor(piece_start, dtype=torch.long, device=device)[piece] + within % cap
-    rows = torch.full((start,), sequences * n, dtype=torch.long, device=device)
-    rows[slots] = query
-    return tuple(
-        GatedBatch(
-            block=j,
-            sequences=None if seqs is None else torch.tensor(seqs, device=device),
-            rows=rows[first : first + len(seqs or range(sequences)) * width].view(-1, width),
-        )
-        for j, seqs, width, first in batches
-    )
 
 
 def _own_chunks(total_blocks: int, block_size: int, dim: int, device: torch.device):
@@ -153,12 +93,6 @@ def _own_scores(queries: Tensor, keys: Tensor, bias: Tensor | None, padded: Tens
     times cheaper than ``masked_fill_`` with a broadcast boolean mask, and the causal one folds into the product."""
     scores = torch.bmm(queries, keys.mT) if bias is None else torch.baddbmm(bias, queries, keys.mT)
     return scores if padded is None else scores.add_(padded[..., : keys.shape[1]])
-
-
-def _keys(blocks: Tensor, batch: GatedBatch) -> Tensor:
-    """(G, B, D) keys (or values) of a batch's key block: a view when the batch holds every sequence."""
-    keys = blocks[:, batch.block]
-    return keys if batch.sequences is None else keys.index_select(0, batch.sequences)
 
 
 def _gated_scores(queries: Tensor, keys: Tensor, batch: GatedBatch, key_bias: Tensor | None, block_size: int):
@@ -209,7 +143,7 @@ class MobaAttention(torch.autograd.Function):
         for batch in layout:
             width, flat = batch.rows.shape[1], batch.rows.flatten()
             gathered = queries.index_select(0, flat).view(-1, width, dim)
-            scores = _gated_scores(gathered, _keys(blocks_k, batch), batch, key_bias, c)
+            scores = _gated_scores(gathered, block_keys(blocks_k, batch), batch, key_bias, c)
             old_max = row_max.index_select(0, flat).view(-1, width, 1)
             new_max = torch.maximum(old_max, scores.amax(dim=-1, keepdim=True))
             shift = new_max.nan_to_num(neginf=0.0)
@@ -219,7 +153,7 @@ class MobaAttention(torch.autograd.Function):
             row_sum.scatter_(0, flat, total.flatten())
             # an add of acc * (rescale - 1) + P V: index_add_ is faster than index_copy_ on the CPU
             change = acc.index_select(0, flat).view(-1, width, dim).mul_(rescale.sub_(1.0))
-            acc.index_add_(0, flat, change.baddbmm_(probs, _keys(blocks_v, batch)).flatten(0, 1))
+            acc.index_add_(0, flat, change.baddbmm_(probs, block_keys(blocks_v, batch)).flatten(0, 1))
             row_max.scatter_(0, flat, new_max.flatten())
         # in place: a fresh (B H N, D) output would be faulted in page by page
         out = acc[:-1].div_(row_sum[:-1, None].clamp_min(torch.finfo(q.dtype).tiny)).view(seqs, n, dim)
@@ -266,21 +200,12 @@ class MobaAttention(torch.autograd.Function):
             width, flat = batch.rows.shape[1], batch.rows.flatten()
             gathered = queries.index_select(0, flat).view(-1, width, dim)
             grads = grad_rows.index_select(0, flat).view(-1, width, dim)
-            keys, values = _keys(blocks_k, batch), _keys(blocks_v, batch)
+            keys, values = block_keys(blocks_k, batch), block_keys(blocks_v, batch)
             scores = _gated_scores(gathered, keys, batch, key_bias, c)
             probs = scores.sub_(lse.index_select(0, flat).view(-1, width, 1)).exp_()
-            _add_block(blocks_dv, batch, torch.bmm(probs.mT, grads))
+            add_block(blocks_dv, batch, torch.bmm(probs.mT, grads))
             grad_scores = torch.bmm(grads, values.mT).sub_(delta.index_select(0, flat).view(-1, width, 1))
             grad_scores.mul_(probs)
             grad_q.index_add_(0, flat, torch.bmm(grad_scores, keys).flatten(0, 1))
-            _add_block(blocks_dk, batch, torch.bmm(grad_scores.mT, gathered))
+            add_block(blocks_dk, batch, torch.bmm(grad_scores.mT, gathered))
         return grad_q[:-1].mul_(scale).view(seqs, n, dim), grad_k, grad_v, None, None, None, None, None
-
-
-def _add_block(blocks: Tensor, batch: GatedBatch, part: Tensor) -> None:
-    """Adds a batch's (G, B, D) gradient into the rows of its key block."""
-    target = blocks[:, batch.block]
-    if batch.sequences is None:
-        target.add_(part)
-    else:
-        target.index_add_(0, batch.sequences, part)

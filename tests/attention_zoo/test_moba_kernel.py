@@ -3,7 +3,8 @@
 Lu et al. 2025, arXiv:2502.13189, Sec. 2: MoBA(q, K, V) = Softmax(q K[I]^T / sqrt(d)) V[I] with I the query's own
 block and its gated blocks. The selection is drawn at random here (not by the gate), so these tests pin the
 kernel alone; the reference is that formula in float64, one query at a time, over real keys only and, when
-causal, keys at or before the query inside its own block.
+causal, keys at or before the query inside its own block. Every test runs both kernels: the CPU's, on torch's
+flash-attention op (``moba_kernel_flash``), and the products kernel that other devices run.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ import torch
 from torch import Tensor
 
 from attention_zoo import moba_kernel
-from attention_zoo.moba_kernel import gated_layout, moba_attention
+from attention_zoo.moba_kernel import moba_attention
+from attention_zoo.moba_layout import gated_layout
 
 B, H, D = 2, 2, 4
+
+
+@pytest.fixture(autouse=True, params=["flash", "products"])
+def kernel(request, monkeypatch):
+    if request.param == "products":
+        monkeypatch.setattr(moba_kernel, "_FLASH_DEVICES", ())
+    return request.param
 
 
 def random_selection(n: int, block_size: int, top_k: int, causal: bool, seed: int) -> Tensor:
@@ -77,6 +86,7 @@ def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
     if padded:  # a whole padded block, and a partly padded one
         real[0, 8:12] = False
         real[1, 17:22] = False
+        assert (selected[0, :, :, 1:] == 2).any()  # queries that gated in the whole padded block
     weights = torch.randn(B, H, n, D, dtype=torch.float64)
     got = moba_attention(q, k, v, selected, real if padded else None, block_size, causal, 1 / math.sqrt(D))
     want = reference(q, k, v, selected, real, block_size, causal)
@@ -85,6 +95,47 @@ def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
     want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
     for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_rows_that_only_pad_a_batch_change_nothing(causal, padded):
+    # 10 queries of sequence 0 and 9 of sequence 1 gate in block 0: one batch, the shorter list padded by a row
+    n, block_size = 16, 4
+    q, k, v = tensors(n, seed=6)
+    selected = torch.full((B, H, n, 2), -1, dtype=torch.long)
+    selected[..., 0] = torch.arange(n) // block_size
+    selected[0, 0, 4:14, 1] = 0
+    selected[0, 1, 4:13, 1] = 0
+    real = torch.ones(B, n, dtype=torch.bool)
+    real[0, 2] = real[1, 9:12] = not padded
+    layout = gated_layout(selected[..., 1:], block_size, 1 << 12)
+    assert [int((batch.rows == B * H * n).sum()) for batch in layout] == [1]
+    got = moba_attention(q, k, v, selected, real if padded else None, block_size, causal, 1 / math.sqrt(D))
+    want = reference(q, k, v, selected, real, block_size, causal)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    weights = torch.randn(B, H, n, D, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blocks_without_keys_leave_a_query_its_other_blocks(causal):
+    # blocks 0 and 2 are all padding; queries of blocks 2 and 3 gate in block 0, then block 1: a query of block 2
+    # sees no key until block 1, which is all it sees
+    n, block_size = 16, 4
+    q, k, v = tensors(n, seed=7)
+    selected = torch.full((B, H, n, 3), -1, dtype=torch.long)
+    selected[..., 0] = torch.arange(n) // block_size
+    selected[:, :, 8:, 1] = 0
+    selected[:, :, 8:, 2] = 1
+    real = torch.ones(B, n, dtype=torch.bool)
+    real[:, 0:4] = real[:, 8:12] = False
+    got = moba_attention(q, k, v, selected, real, block_size, causal, 1 / math.sqrt(D))
+    torch.testing.assert_close(got, reference(q, k, v, selected, real, block_size, causal), rtol=0, atol=1e-12)
+    assert got[:, :, 8:].abs().amin() > 0
 
 
 def test_a_query_that_sees_no_key_gives_zeros_and_no_nan():
