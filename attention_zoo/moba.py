@@ -30,8 +30,10 @@ fits one chunk), top-k under the masks above, giving for each query its own bloc
 its gated blocks (ranks 1..top_k). (2) exact attention over the selected blocks, for a whole sequence
 with the block-level kernel of :mod:`attention_zoo.moba_kernel`: the own blocks as plain batched attention
 (no gather), then each key block read once and scored against every query that selected it, the
-(query, block) pairs sorted by block (the authors' varlen FlashAttention is key-block-major too), an
-online softmax across a query's blocks and recomputation in the backward. A decoding step (a few queries
+(query, block) pairs sorted by block (the authors' varlen FlashAttention is key-block-major too) by
+:mod:`attention_zoo.moba_layout`, an online softmax across a query's blocks and recomputation in the backward.
+On the CPU the same blocks go to torch's flash-attention op, merged by their log-sum-exps
+(:mod:`attention_zoo.moba_kernel_flash`). A decoding step (a few queries
 at an offset) uses the tiled kernel of :mod:`attention_zoo.block_sparse` instead: the (b, h, position) axes
 flattened into one row axis (the kernel sees B = H = 1) and, per rank, the pairs sorted by block and cut
 into tiles of T queries against the B keys of that block. The dense (N, N) score matrix is never formed,
