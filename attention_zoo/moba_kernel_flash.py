@@ -35,6 +35,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from attention_zoo.masks import SDPA_CPU_NAN_MIN_KEYS
 from attention_zoo.moba_layout import GatedBatch, add_block, block_keys
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -82,6 +83,8 @@ class FlashMobaAttention(torch.autograd.Function):
         # s: flattened (b h) sequences, g: blocks, j: position in a block, d: head dim
         seqs, n, dim = q.shape
         total = seqs * n
+        if key_bias is None and block_size < SDPA_CPU_NAN_MIN_KEYS:
+            key_bias = q.new_zeros(seqs, n)  # over fewer keys, the op hides a NaN query unless given a mask
         by_block = lambda t: t.view(-1, 1, block_size, dim)
         own_mask = None if key_bias is None else rearrange(key_bias, "s (g j) -> (s g) 1 1 j", j=block_size)
         out, lse = _flash(by_block(q), by_block(k), by_block(v), 0.0, causal, attn_mask=own_mask, scale=scale)[:2]

@@ -98,6 +98,27 @@ def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True])
+def test_blocks_of_16_keys_or_more_match_the_paper_and_keep_a_nan_query(causal):
+    # from 16 keys a block without padding goes to torch's op with no mask (below, with a zero mask: the op
+    # hides a NaN query over fewer keys without one)
+    n, block_size, top_k = 64, 16, 2
+    q, k, v = tensors(n, seed=8)
+    selected = random_selection(n, block_size, top_k, causal, seed=9)
+    got = moba_attention(q, k, v, selected, None, block_size, causal, 1 / math.sqrt(D))
+    want = reference(q, k, v, selected, torch.ones(B, n, dtype=torch.bool), block_size, causal)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    weights = torch.randn(B, H, n, D, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    poisoned = q.detach().clone()
+    poisoned[0, 1, 37, 2] = math.nan
+    out = moba_attention(poisoned, k, v, selected, None, block_size, causal, 1 / math.sqrt(D))
+    assert out[0, 1, 37].isnan().all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 def test_rows_that_only_pad_a_batch_change_nothing(causal, padded):
     # 10 queries of sequence 0 and 9 of sequence 1 gate in block 0: one batch, the shorter list padded by a row
