@@ -73,6 +73,20 @@ def tensors(n: int, seed: int) -> list[Tensor]:
     return [torch.randn(B, H, n, D, generator=generator, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
+def assert_matches_the_paper(q, k, v, selected, real, block_size, causal, *, with_mask: bool = True) -> Tensor:
+    """The kernel's output and its gradients (of a random weighting) against :func:`reference` in float64;
+    ``with_mask=False`` hands the kernel no key mask (``real`` must then be all True)."""
+    got = moba_attention(q, k, v, selected, real if with_mask else None, block_size, causal, 1 / math.sqrt(D))
+    want = reference(q, k, v, selected, real, block_size, causal)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    weights = torch.randn(B, H, q.shape[2], D, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
+    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    return got
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("budget", [None, 24])  # 24 scores per chunk: lists cut, one sequence per batch
@@ -87,14 +101,7 @@ def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
         real[0, 8:12] = False
         real[1, 17:22] = False
         assert (selected[0, :, :, 1:] == 2).any()  # queries that gated in the whole padded block
-    weights = torch.randn(B, H, n, D, dtype=torch.float64)
-    got = moba_attention(q, k, v, selected, real if padded else None, block_size, causal, 1 / math.sqrt(D))
-    want = reference(q, k, v, selected, real, block_size, causal)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
-    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
-    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    assert_matches_the_paper(q, k, v, selected, real, block_size, causal, with_mask=padded)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -104,14 +111,8 @@ def test_blocks_of_16_keys_or_more_match_the_paper_and_keep_a_nan_query(causal):
     n, block_size, top_k = 64, 16, 2
     q, k, v = tensors(n, seed=8)
     selected = random_selection(n, block_size, top_k, causal, seed=9)
-    got = moba_attention(q, k, v, selected, None, block_size, causal, 1 / math.sqrt(D))
-    want = reference(q, k, v, selected, torch.ones(B, n, dtype=torch.bool), block_size, causal)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    weights = torch.randn(B, H, n, D, dtype=torch.float64)
-    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
-    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
-    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    real = torch.ones(B, n, dtype=torch.bool)
+    assert_matches_the_paper(q, k, v, selected, real, block_size, causal, with_mask=False)
     poisoned = q.detach().clone()
     poisoned[0, 1, 37, 2] = math.nan
     out = moba_attention(poisoned, k, v, selected, None, block_size, causal, 1 / math.sqrt(D))
@@ -132,14 +133,7 @@ def test_rows_that_only_pad_a_batch_change_nothing(causal, padded):
     real[0, 2] = real[1, 9:12] = not padded
     layout = gated_layout(selected[..., 1:], block_size, 1 << 12)
     assert [int((batch.rows == B * H * n).sum()) for batch in layout] == [1]
-    got = moba_attention(q, k, v, selected, real if padded else None, block_size, causal, 1 / math.sqrt(D))
-    want = reference(q, k, v, selected, real, block_size, causal)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    weights = torch.randn(B, H, n, D, dtype=torch.float64)
-    got_grads = torch.autograd.grad((got * weights).sum(), (q, k, v))
-    want_grads = torch.autograd.grad((want * weights).sum(), (q, k, v))
-    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(got_grad, want_grad, rtol=0, atol=1e-12)
+    assert_matches_the_paper(q, k, v, selected, real, block_size, causal, with_mask=padded)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -154,8 +148,7 @@ def test_blocks_without_keys_leave_a_query_its_other_blocks(causal):
     selected[:, :, 8:, 2] = 1
     real = torch.ones(B, n, dtype=torch.bool)
     real[:, 0:4] = real[:, 8:12] = False
-    got = moba_attention(q, k, v, selected, real, block_size, causal, 1 / math.sqrt(D))
-    torch.testing.assert_close(got, reference(q, k, v, selected, real, block_size, causal), rtol=0, atol=1e-12)
+    got = assert_matches_the_paper(q, k, v, selected, real, block_size, causal)
     assert got[:, :, 8:].abs().amin() > 0
 
 
