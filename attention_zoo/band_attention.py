@@ -23,7 +23,9 @@ dV_t = P^T dO_t, dS = P * (dO_t V_t^T - rowsum(dO * O)), dQ_t = scale dS K_t, dK
 Tile g's L key rows are the T-row blocks g, ..., g + L/T - 1 of the buffer, so dK_t and dV_t are added back
 block by block (L/T strided adds per chunk), not by index. Work runs over chunks of consecutive tiles
 holding about ``_CHUNK_ELEMENTS`` scores, with the chunk's temporaries allocated once per call and reused. Rows
-with no key give zeros, never NaN.
+with no key give zeros, never NaN. For a band that is one part of a larger softmax
+(:mod:`attention_zoo.band_and_tiles`), :func:`band_forward` also gives each row's log-sum-exp over its band and
+:func:`band_backward` takes the final O and factors exp(L_band - L) for the rows of the kept P.
 """
 
 from __future__ import annotations
@@ -158,76 +160,109 @@ class _Masks:
         return masked
 
 
+def to_tiles(band: Band, x: Tensor) -> Tensor:
+    """(B H tiles, T, ...) zero-padded query tiles of x (B, H, N, ...), as the kernel's rows."""
+    return _Rows(band, x).queries(x)
+
+
+def from_tiles(band: Band, tiles: Tensor, shape: torch.Size) -> Tensor:
+    """The (B, H, N, ...) view of ``tiles`` (B H tiles, T, ...) for queries of ``shape`` (B, H, N, D)."""
+    batch, heads, n = shape[:3]
+    return rearrange(tiles, "(b h t) i ... -> b h (t i) ...", b=batch, h=heads)[:, :, :n]
+
+
 def _chunk_tiles(rows: _Rows, device: torch.device) -> int:
     """Tiles per chunk: about ``chunk_elements(device, _CHUNK_ELEMENTS)`` scores, at most every tile."""
     budget = chunking.chunk_elements(device, _CHUNK_ELEMENTS) // (rows.band.tile * rows.band.width)
     return min(rows.seqs * rows.tiles, max(1, budget))
 
 
+def band_forward(
+    q: Tensor, k: Tensor, v: Tensor, band: Band, key_padding: Tensor | None, scale: float, *, with_lse: bool
+):
+    """The forward over the band: (O in tiles (B H tiles, T, D), what the backward needs, and with ``with_lse``
+    each row's log-sum-exp over its band keys (B H tiles, T), -inf where it sees none)."""
+    # g: tiles, i: rows of a tile, j: key slots of a tile, d: head dim
+    rows = _Rows(band, q)
+    masks = _Masks(rows, key_padding, q.device)
+    queries = rows.queries(q).mul_(scale)
+    key_rows, value_rows = rows.keys(k), rows.keys(v)
+    keys, values = rows.windows(key_rows), rows.windows(value_rows)
+    out = queries.new_empty(len(queries), band.tile, v.shape[-1])
+    weights = queries.new_empty(len(queries), band.tile, band.width)  # P = softmax(S)
+    lse = queries.new_empty(len(queries), band.tile) if with_lse else None
+    step = _chunk_tiles(rows, q.device)
+    scores = queries.new_empty(step, band.tile, band.width)
+    for first in range(0, len(queries), step):
+        part = slice(first, min(first + step, len(queries)))
+        chunk = torch.bmm(queries[part], keys[part].mT, out=scores[: part.stop - first])
+        # rows that see no key (only in position-masked tiles): all -inf, where softmax gives NaN; a NaN
+        # of the input is not -inf there, so it stays NaN
+        empty = [
+            (lo, hi, chunk[lo:hi].amax(dim=-1, keepdim=True) == -torch.inf) for lo, hi in masks.apply(chunk, first)
+        ]
+        if lse is not None:
+            torch.logsumexp(chunk, dim=-1, out=lse[part])
+        probs = torch.softmax(chunk, dim=-1, out=weights[part])
+        for lo, hi, rows_empty in empty:
+            probs[lo:hi].masked_fill_(rows_empty, 0.0)
+        torch.bmm(probs, values[part], out=out[part])
+    return out, (queries, key_rows, value_rows, weights), lse
+
+
+def band_backward(
+    saved: tuple[Tensor, ...], band: Band, scale: float, grad_out: Tensor, out: Tensor, weight_scale: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dK, dV ((B, H, N, D) each) of the band part, given dO (B, H, N, D) and, in tiles (B H tiles, T, ...:
+    :func:`to_tiles`), the output O whose rowsum(dO * O) the softmax gradient takes and ``weight_scale`` or
+    None: factors of the kept P's rows, exp(L_band - L), when the band is one part of a softmax normalised over
+    more keys (L)."""
+    # dV = P^T dO, dS = P (dO V^T - rowsum(dO O))
+    queries, key_rows, value_rows, weights = saved
+    batch = grad_out.shape[0]
+    rows = _Rows(band, grad_out)
+    keys, values = rows.windows(key_rows), rows.windows(value_rows)
+    grad_rows = rows.queries(grad_out)
+    delta = (grad_rows * out).sum(dim=-1, keepdim=True)
+    if weight_scale is not None:
+        weights = weights * weight_scale
+    grad_q = torch.empty_like(queries)
+    grad_k, grad_v = (
+        queries.new_zeros(rows.rows // band.tile, band.tile, dim) for dim in (key_rows.shape[-1], value_rows.shape[-1])
+    )
+    blocks = band.width // band.tile
+    step = _chunk_tiles(rows, queries.device)
+    grad_scores = queries.new_empty(step, band.tile, band.width)
+    dims = queries.shape[-1], value_rows.shape[-1]
+    grad_window = queries.new_empty(step, band.width, max(dims))
+    for first in range(0, len(queries), step):
+        part = slice(first, min(first + step, len(queries)))
+        size = part.stop - first
+        probs = weights[part]
+        _add_blocks(grad_v, torch.bmm(probs.mT, grad_rows[part], out=grad_window[:size, :, : dims[1]]), first, blocks)
+        ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(probs)
+        torch.bmm(ds, keys[part], out=grad_q[part])
+        _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size, :, : dims[0]]), first, blocks)
+    grad_k, grad_v = (
+        rearrange(rows.positions(g.view(rows.rows, -1))[:, : rows.n], "(b h) n d -> b h n d", b=batch)
+        for g in (grad_k, grad_v)
+    )
+    return rows.unpad(grad_q.mul_(scale), batch), grad_k, grad_v
+
+
 class BandAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, band, key_padding, scale):
-        # g: tiles, i: rows of a tile, j: key slots of a tile, d: head dim
-        rows = _Rows(band, q)
-        masks = _Masks(rows, key_padding, q.device)
-        queries = rows.queries(q).mul_(scale)
-        key_rows, value_rows = rows.keys(k), rows.keys(v)
-        keys, values = rows.windows(key_rows), rows.windows(value_rows)
-        out = queries.new_empty(len(queries), band.tile, v.shape[-1])
-        weights = queries.new_empty(len(queries), band.tile, band.width)  # P = softmax(S)
-        step = _chunk_tiles(rows, q.device)
-        scores = queries.new_empty(step, band.tile, band.width)
-        for first in range(0, len(queries), step):
-            part = slice(first, min(first + step, len(queries)))
-            chunk = torch.bmm(queries[part], keys[part].mT, out=scores[: part.stop - first])
-            # rows that see no key (only in position-masked tiles): all -inf, where softmax gives NaN; a NaN
-            # of the input is not -inf there, so it stays NaN
-            empty = [
-                (lo, hi, chunk[lo:hi].amax(dim=-1, keepdim=True) == -torch.inf) for lo, hi in masks.apply(chunk, first)
-            ]
-            probs = torch.softmax(chunk, dim=-1, out=weights[part])
-            for lo, hi, rows_empty in empty:
-                probs[lo:hi].masked_fill_(rows_empty, 0.0)
-            torch.bmm(probs, values[part], out=out[part])
-        ctx.save_for_backward(queries, key_rows, value_rows, weights, out)
+        out, saved, _ = band_forward(q, k, v, band, key_padding, scale, with_lse=False)
+        ctx.save_for_backward(*saved, out)
         ctx.band, ctx.scale = band, scale
-        return rows.unpad(out, q.shape[0])
+        return from_tiles(band, out, q.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        # dV = P^T dO, dS = P (dO V^T - rowsum(dO O))
-        queries, key_rows, value_rows, weights, out = ctx.saved_tensors
-        band, scale, batch = ctx.band, ctx.scale, grad_out.shape[0]
-        rows = _Rows(band, grad_out)
-        keys, values = rows.windows(key_rows), rows.windows(value_rows)
-        grad_rows = rows.queries(grad_out)
-        delta = (grad_rows * out).sum(dim=-1, keepdim=True)
-        grad_q = torch.empty_like(queries)
-        grad_k, grad_v = (
-            queries.new_zeros(rows.rows // band.tile, band.tile, dim)
-            for dim in (key_rows.shape[-1], value_rows.shape[-1])
-        )
-        blocks = band.width // band.tile
-        step = _chunk_tiles(rows, queries.device)
-        grad_scores = queries.new_empty(step, band.tile, band.width)
-        dims = queries.shape[-1], value_rows.shape[-1]
-        grad_window = queries.new_empty(step, band.width, max(dims))
-        for first in range(0, len(queries), step):
-            part = slice(first, min(first + step, len(queries)))
-            size = part.stop - first
-            probs = weights[part]
-            _add_blocks(
-                grad_v, torch.bmm(probs.mT, grad_rows[part], out=grad_window[:size, :, : dims[1]]), first, blocks
-            )
-            ds = torch.bmm(grad_rows[part], values[part].mT, out=grad_scores[:size]).sub_(delta[part]).mul_(probs)
-            torch.bmm(ds, keys[part], out=grad_q[part])
-            _add_blocks(grad_k, torch.bmm(ds.mT, queries[part], out=grad_window[:size, :, : dims[0]]), first, blocks)
-        grad_k, grad_v = (
-            rearrange(rows.positions(g.view(rows.rows, -1))[:, : rows.n], "(b h) n d -> b h n d", b=batch)
-            for g in (grad_k, grad_v)
-        )
-        return rows.unpad(grad_q.mul_(scale), batch), grad_k, grad_v, None, None, None
+        *saved, out = ctx.saved_tensors
+        return (*band_backward(tuple(saved), ctx.band, ctx.scale, grad_out, out, None), None, None, None)
 
 
 def _add_blocks(target: Tensor, window: Tensor, first: int, blocks: int) -> None:

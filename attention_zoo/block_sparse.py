@@ -18,7 +18,9 @@ the backward recomputes P = exp(S - lse) from them, dS = P * (dP - rowsum(dO * O
 and scatters dQ, dK, dV back with ``index_add_``. On the CPU per-chunk temporaries are small (about 2 MB)
 so that the allocator reuses them instead of faulting fresh pages; on an accelerator they take the much
 larger budget of :mod:`attention_zoo.chunking`, so that a chunk is a few kernel launches over many tiles
-rather than over a few. Rows that may see no key give zeros, never NaN.
+rather than over a few. Rows that may see no key give zeros, never NaN. :func:`tiled_forward` and
+:func:`tiled_backward` give and take the row log-sum-exp, so that the layout can be one part of a larger softmax
+(:mod:`attention_zoo.band_and_tiles`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def residue_layout(mask_mod: MaskMod, n: int, period: int, tile: int, device: to
 
 
 def layout_from_mask(mask_mod: MaskMod, n: int, tile: int, device: torch.device) -> tuple[TileGroup, ...]:
-    """Key sets of every tile found from the mask function itself; tiles grouped by key count."""
+    """Key sets of every tile found from the mask function itself; tiles grouped by key count (a tile that
+    touches no key is left out)."""
     num_tiles = -(-n // tile)
     tiles_per_step = max(1, (1 << 22) // (tile * n))
     positions = torch.arange(n, device=device)
@@ -87,7 +90,7 @@ def layout_from_mask(mask_mod: MaskMod, n: int, tile: int, device: torch.device)
         touched.extend(positions[row] for row in allowed)
     counts = torch.tensor([len(keys) for keys in touched])
     groups = []
-    order = counts.argsort(descending=True).tolist()
+    order = [tile_id for tile_id in counts.argsort(descending=True).tolist() if counts[tile_id] > 0]  # none: no work
     while order:
         width = max(1, int(counts[order[0]]))
         size = int((counts[order] >= _GROUP_FILL * width).sum())
@@ -133,38 +136,82 @@ def _chunks(layout: tuple[TileGroup, ...], heads: int, dim: int, device: torch.d
             yield group, slice(first, first + step)
 
 
+def tiled_forward(
+    q: Tensor, k: Tensor, v: Tensor, layout: tuple[TileGroup, ...], key_padding: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
+    """O (B, H, N, D) over the layout's pairs and each row's log-sum-exp over them (B, H, N), -inf where a row
+    sees no key (O is 0 there)."""
+    # b: batch, h: heads, n: positions, d: head dim; per chunk t: tiles, i: rows of a tile, j: key slots
+    batch, heads, n, dim = q.shape
+    padded = 1 + max(int(group.rows.max()) for group in layout)
+    # online softmax over the groups that cover a row: running max m, sum l, and sum of P V
+    acc = q.new_zeros(batch, heads, padded, dim)
+    row_max = q.new_full((batch, heads, padded), float("-inf"))
+    row_sum = q.new_zeros(batch, heads, padded)
+    for b in range(batch):
+        for group, part in _chunks(layout, heads, dim, q.device):
+            queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
+            scores = _masked_scores(queries, keys, group, part, key_padding, b)
+            rows = group.rows[part].flatten()
+            old_max = rearrange(row_max[b].index_select(1, rows), "h (t i) -> h t i 1", i=group.rows.shape[1])
+            new_max = torch.maximum(old_max, scores.amax(dim=-1, keepdim=True))
+            shift = new_max.nan_to_num(neginf=0.0)  # rows that have seen no key yet
+            probs = scores.sub_(shift).exp_()
+            rescale = rearrange((old_max - shift).exp_(), "h t i 1 -> h (t i) 1")
+            flat = "h t i d -> h (t i) d"
+            row_sum[b].index_copy_(
+                1, rows, row_sum[b].index_select(1, rows).mul_(rescale[..., 0]) + probs.sum(dim=-1).flatten(1)
+            )
+            acc[b].index_copy_(1, rows, acc[b].index_select(1, rows).mul_(rescale) + rearrange(probs @ values, flat))
+            row_max[b].index_copy_(1, rows, new_max.flatten(1))
+    out = acc[:, :, :n] / row_sum[:, :, :n, None].clamp_min(torch.finfo(q.dtype).tiny)
+    return out, (row_sum[:, :, :n].log() + row_max[:, :, :n])
+
+
+def tiled_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    layout: tuple[TileGroup, ...],
+    key_padding: Tensor | None,
+    scale: float,
+    grad_out: Tensor,
+    out: Tensor,
+    lse: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dK, dV of the layout's pairs, given dO, the output O and the log-sum-exp L (B, H, N; +inf where a row
+    sees no key) of the softmax they are part of: P = exp(S - L), dS = P * (dO V^T - rowsum(dO * O))."""
+    batch, heads, n, dim = q.shape
+    grad_out = grad_out.contiguous()
+    delta = (grad_out * out).sum(dim=-1)  # rowsum(dO * O), (B, H, N)
+    padded = 1 + max(int(group.rows.max()) for group in layout)
+    lse = torch.nn.functional.pad(lse, (0, padded - n), value=torch.inf)
+    grad_q = q.new_zeros(batch, heads, padded, dim)
+    grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+    for b in range(batch):
+        for group, part in _chunks(layout, heads, dim, q.device):
+            queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
+            rows, slots = group.rows[part], group.key_index[part].flatten()
+            tile = rows.shape[1]
+            scores = _masked_scores(queries, keys, group, part, key_padding, b)
+            probs = scores.sub_(rearrange(lse[b].index_select(1, rows.flatten()), "h (t i) -> h t i 1", i=tile)).exp_()
+            read = rows.clamp(max=n - 1).flatten()
+            grad_rows = rearrange(grad_out[b].index_select(1, read), "h (t i) d -> h t i d", i=tile)
+            delta_rows = rearrange(delta[b].index_select(1, read), "h (t i) -> h t i 1", i=tile)
+            grad_v[b].index_add_(1, slots, rearrange(probs.mT @ grad_rows, "h t j d -> h (t j) d"))
+            grad_scores = (grad_rows @ values.mT).sub_(delta_rows).mul_(probs)  # dS, of S = (Q scale) K^T
+            grad_rows_q = (grad_scores @ keys).mul_(scale)
+            grad_q[b].index_add_(1, rows.flatten(), rearrange(grad_rows_q, "h t i d -> h (t i) d"))
+            grad_k[b].index_add_(1, slots, rearrange(grad_scores.mT @ queries, "h t j d -> h (t j) d"))
+    return grad_q[:, :, :n], grad_k, grad_v
+
+
 class TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, layout, key_padding, scale):
-        # b: batch, h: heads, n: positions, d: head dim; per chunk t: tiles, i: rows of a tile, j: key slots
-        batch, heads, n, dim = q.shape
-        padded = 1 + max(int(group.rows.max()) for group in layout)
-        # online softmax over the groups that cover a row: running max m, sum l, and sum of P V
-        acc = q.new_zeros(batch, heads, padded, dim)
-        row_max = q.new_full((batch, heads, padded), float("-inf"))
-        row_sum = q.new_zeros(batch, heads, padded)
-        for b in range(batch):
-            for group, part in _chunks(layout, heads, dim, q.device):
-                queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
-                scores = _masked_scores(queries, keys, group, part, key_padding, b)
-                rows = group.rows[part].flatten()
-                old_max = rearrange(row_max[b].index_select(1, rows), "h (t i) -> h t i 1", i=group.rows.shape[1])
-                new_max = torch.maximum(old_max, scores.amax(dim=-1, keepdim=True))
-                shift = new_max.nan_to_num(neginf=0.0)  # rows that have seen no key yet
-                probs = scores.sub_(shift).exp_()
-                rescale = rearrange((old_max - shift).exp_(), "h t i 1 -> h (t i) 1")
-                flat = "h t i d -> h (t i) d"
-                row_sum[b].index_copy_(
-                    1, rows, row_sum[b].index_select(1, rows).mul_(rescale[..., 0]) + probs.sum(dim=-1).flatten(1)
-                )
-                acc[b].index_copy_(
-                    1, rows, acc[b].index_select(1, rows).mul_(rescale) + rearrange(probs @ values, flat)
-                )
-                row_max[b].index_copy_(1, rows, new_max.flatten(1))
-        out = acc[:, :, :n] / row_sum[:, :, :n, None].clamp_min(torch.finfo(q.dtype).tiny)
+        out, lse = tiled_forward(q, k, v, layout, key_padding, scale)
         # +inf on rows that see no key, so that the backward's exp(S - lse) is 0 there
-        lse = (row_sum.log() + row_max).nan_to_num_(neginf=float("inf"))
-        ctx.save_for_backward(q, k, v, out, lse, key_padding)
+        ctx.save_for_backward(q, k, v, out, lse.nan_to_num_(neginf=float("inf")), key_padding)
         ctx.layout, ctx.scale = layout, scale
         return out
 
@@ -172,30 +219,8 @@ class TiledAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         q, k, v, out, lse, key_padding = ctx.saved_tensors
-        layout, scale = ctx.layout, ctx.scale
-        batch, heads, n, dim = q.shape
-        grad_out = grad_out.contiguous()
-        delta = (grad_out * out).sum(dim=-1)  # rowsum(dO * O), (B, H, N)
-        grad_q = q.new_zeros(batch, heads, lse.shape[-1], dim)
-        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
-        for b in range(batch):
-            for group, part in _chunks(layout, heads, dim, q.device):
-                queries, keys, values = _gather(q[b], k[b], v[b], group, part, scale)
-                rows, slots = group.rows[part], group.key_index[part].flatten()
-                tile = rows.shape[1]
-                scores = _masked_scores(queries, keys, group, part, key_padding, b)
-                probs = scores.sub_(
-                    rearrange(lse[b].index_select(1, rows.flatten()), "h (t i) -> h t i 1", i=tile)
-                ).exp_()
-                read = rows.clamp(max=n - 1).flatten()
-                grad_rows = rearrange(grad_out[b].index_select(1, read), "h (t i) d -> h t i d", i=tile)
-                delta_rows = rearrange(delta[b].index_select(1, read), "h (t i) -> h t i 1", i=tile)
-                grad_v[b].index_add_(1, slots, rearrange(probs.mT @ grad_rows, "h t j d -> h (t j) d"))
-                grad_scores = (grad_rows @ values.mT).sub_(delta_rows).mul_(probs)  # dS, of S = (Q scale) K^T
-                grad_rows_q = (grad_scores @ keys).mul_(scale)
-                grad_q[b].index_add_(1, rows.flatten(), rearrange(grad_rows_q, "h t i d -> h (t i) d"))
-                grad_k[b].index_add_(1, slots, rearrange(grad_scores.mT @ queries, "h t j d -> h (t j) d"))
-        return grad_q[:, :, :n], grad_k, grad_v, None, None, None
+        grads = tiled_backward(q, k, v, ctx.layout, key_padding, ctx.scale, grad_out, out, lse)
+        return *grads, None, None, None
 
 
 def _gather(

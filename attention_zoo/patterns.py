@@ -96,6 +96,16 @@ class SparsePattern:
         """The blocked kernel's layout of ``mask_mod`` (this pattern's :meth:`mask_mod`) over ``n`` positions."""
         return layout_from_mask(mask_mod, n, self.tile_rows(), device)
 
+    def banded(self, causal: bool) -> Band | None:
+        """The band of a pattern that is a band plus other keys (the blocked kernel then runs the band on
+        :mod:`attention_zoo.band_attention` and :meth:`rest_tiles` on the tiled kernel, one softmax over both,
+        :mod:`attention_zoo.band_and_tiles`); None for the others."""
+        return None
+
+    def rest_tiles(self, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
+        """The tiled kernel's layout of the pattern's pairs outside :meth:`banded`'s band (empty: none)."""
+        raise NotImplementedError
+
     def length_bounds(self) -> list[tuple[str, int, int, int]]:
         """(option, value, default, keys per position) of each size along the sequence."""
         return [
@@ -141,9 +151,15 @@ class StridedPattern(SparsePattern):
         # 2 l + 64 + n / l keys per query, not the n that a tile of consecutive queries touches
         stride = self.stride
         window = with_causal(generate_sliding_window(2 * stride), causal)
-        columns = with_causal(generate_strided_columns(stride), causal)
         band = band_layout(window, n, _window_tile(2 * stride), stride, 0 if causal else stride, device)
-        return band + residue_layout(columns, n, stride, _RESIDUE_TILE, device)
+        return band + self.rest_tiles(n, causal, device)
+
+    def banded(self, causal: bool) -> Band | None:
+        return Band(before=self.stride, after=0 if causal else self.stride, tile=_band_tile(2 * self.stride))
+
+    def rest_tiles(self, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
+        columns = with_causal(generate_strided_columns(self.stride), causal)
+        return residue_layout(columns, n, self.stride, _RESIDUE_TILE, device)
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         # query i sees the earlier keys with (i - j) mod l = 0, and later queries cover every residue
@@ -198,6 +214,21 @@ class LongformerPattern(SparsePattern):
 
     def tile_rows(self) -> int:
         return _window_tile(self.window)
+
+    def banded(self, causal: bool) -> Band | None:
+        half = self.window // 2
+        return Band(before=half, after=0 if causal else half, tile=_band_tile(self.window))
+
+    def rest_tiles(self, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
+        # the global rows and columns outside the window
+        if self.global_tokens == 0:
+            return ()
+        window, lead = generate_sliding_window(self.window), self.global_tokens
+
+        def global_part(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return ((q_idx < lead) | (kv_idx < lead)) & ~window(b, h, q_idx, kv_idx)
+
+        return layout_from_mask(with_causal(global_part, causal), n, self.tile_rows(), device)
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         # everything while a later query may be global; then the g global keys and the last w/2

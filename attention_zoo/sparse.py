@@ -26,11 +26,12 @@ in every implementation (option ``impl``):
 - ``"blocked"``: tiles of queries against only the keys they touch, O(n K) time and memory, trainable on
   CPU. ``local`` (one band of keys per query) runs :mod:`attention_zoo.band_attention`: each tile's keys are one
   contiguous slice of a padded row buffer, read as a strided view, so there is nothing to gather or scatter.
-  The other patterns run :mod:`attention_zoo.block_sparse` and find their tiles' key sets by evaluating the
-  mask function once per (length, causal), an O(n^2) boolean pass, cached. The strided pattern is split into
-  its window |i - j| <= l (a band) and the disjoint rest of its columns (queries and keys of one residue mod l,
-  tiled together), so it computes about 2 l + 64 + n / l keys per query, not the n that a tile of consecutive
-  queries touches.
+  A pattern that is a band plus other keys runs the band there and the rest on :mod:`attention_zoo.block_sparse`,
+  one softmax over both (:mod:`attention_zoo.band_and_tiles`): ``longformer`` (the window, then the global
+  rows and columns outside it) and ``strided`` (its window |i - j| <= l, then the disjoint rest of its columns:
+  queries and keys of one residue mod l, tiled together, about n / l keys per query). The other patterns run
+  :mod:`attention_zoo.block_sparse` alone and find their tiles' key sets by evaluating the mask function once
+  per (length, causal), an O(n^2) boolean pass, cached (Longformer's rest too).
 - ``"dense"``: the reference: the (n, n) mask from the same mask function, masked softmax.
 
 Self-attention only: the patterns are positions within one sequence.
@@ -56,6 +57,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
 from attention_zoo import sparse_flex as flex
+from attention_zoo.band_and_tiles import band_and_tiled_attention
 from attention_zoo.band_attention import band_attention
 from attention_zoo.block_sparse import TileGroup, tiled_attention
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
@@ -130,6 +132,12 @@ class PatternAttention(AttentionCore):
         band = self.pattern.band(causal)
         if band is not None:
             return band_attention(q, k, v, band, mask, self.scale)
+        band = self.pattern.banded(causal)
+        if band is not None:
+            rest = _cached(self._layouts, key, lambda: self.pattern.rest_tiles(*key))
+            if not rest:
+                return band_attention(q, k, v, band, mask, self.scale)
+            return band_and_tiled_attention(q, k, v, band, rest, mask, self.scale)
         layout = _cached(self._layouts, key, lambda: self.pattern.tiles(self.mask_mod(*key), *key))
         return tiled_attention(q, k, v, layout, mask, self.scale)
 

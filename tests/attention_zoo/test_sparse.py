@@ -14,6 +14,8 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_mask
 
 import attention_zoo as az
+from attention_zoo import sparse
+from attention_zoo.block_sparse import layout_from_mask
 from attention_zoo.masks import pad_mask
 from attention_zoo.patterns import (
     BigBirdPattern,
@@ -399,3 +401,25 @@ def test_causal_mask_composes_like_flex_attention():
     mask_mod = and_masks(make("local", {"window": 4}).pattern.rule(6, True, "cpu"), causal_mask)
     expected = torch.tensor([[abs(i - j) <= 2 and j <= i for j in range(6)] for i in range(6)])
     assert torch.equal(dense_mask(mask_mod, 6), expected)
+
+
+def test_a_layout_leaves_out_the_tiles_that_touch_no_key():
+    # only queries 0 and 1 attend (keys 5..): of the four tiles of 4 rows, only the first has work
+    def first_rows(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (q_idx < 2) & (kv_idx >= 5)
+
+    layout = layout_from_mask(first_rows, 16, 4, torch.device("cpu"))
+    assert [group.rows.tolist() for group in layout] == [[[0, 1, 2, 3]]]
+    assert layout[0].key_index.tolist() == [list(range(5, 16))]
+    assert layout_from_mask(lambda b, h, q_idx, kv_idx: q_idx < 0, 16, 4, torch.device("cpu")) == ()
+
+
+@pytest.mark.parametrize("pattern", [{"pattern": "strided", "stride": 4}, {"pattern": "longformer", "window": 6}])
+def test_a_band_plus_rest_pattern_runs_its_band_on_the_band_kernel(pattern, monkeypatch):
+    calls = []
+    real = sparse.band_and_tiled_attention
+    monkeypatch.setattr(sparse, "band_and_tiled_attention", lambda *a: calls.append(a[3]) or real(*a))
+    core = az.create_attention("sparse", dim_head=8, heads=2, max_seq_len=32, **pattern).double()
+    q, k, v = (torch.randn(2, 2, 32, 8, dtype=torch.float64) for _ in range(3))
+    core(q, k, v)
+    assert calls == [core.pattern.banded(False)]
