@@ -105,14 +105,18 @@ def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_blocks_of_16_keys_or_more_match_the_paper_and_keep_a_nan_query(causal):
+@pytest.mark.parametrize("padded", [False, True])
+def test_blocks_of_16_keys_or_more_match_the_paper_and_keep_a_nan_query(causal, padded):
     # from 16 keys a block without padding goes to torch's op with no mask (below, with a zero mask: the op
     # hides a NaN query over fewer keys without one)
     n, block_size, top_k = 64, 16, 2
     q, k, v = tensors(n, seed=8)
     selected = random_selection(n, block_size, top_k, causal, seed=9)
     real = torch.ones(B, n, dtype=torch.bool)
-    assert_matches_the_paper(q, k, v, selected, real, block_size, causal, with_mask=False)
+    if padded:  # a whole block and part of the next, and a few keys inside a block
+        real[0, 16:36] = False
+        real[1, 50:53] = False
+    assert_matches_the_paper(q, k, v, selected, real, block_size, causal, with_mask=padded)
     poisoned = q.detach().clone()
     poisoned[0, 1, 37, 2] = math.nan
     out = moba_attention(poisoned, k, v, selected, None, block_size, causal, 1 / math.sqrt(D))
