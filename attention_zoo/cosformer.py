@@ -58,6 +58,7 @@ from attention_zoo.kernel_products import (
     hidden_rows,
     inverse,
     matrix_vector,
+    unflat,
 )
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
@@ -151,7 +152,6 @@ class ChunkedCosformer(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         *inputs, wq, wk, hidden, sums, normaliser, out, denominator = ctx.saved_tensors
         chunk, needs = ctx.chunk, ctx.needs_input_grad[:3]
-        unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 4
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
 
@@ -159,7 +159,7 @@ class ChunkedCosformer(torch.autograd.Function):
                 q, k, v = (flat(t) for t in inputs)
                 fk = reweighted(k, wk)
                 fk = fk if hidden is None else fk.masked_fill(hidden_rows(hidden, q.shape[0] // ctx.batch), 0.0)
-                return unflat(dense_bidirectional(reweighted(q, wq), fk, v))
+                return unflat(dense_bidirectional(reweighted(q, wq), fk, v), ctx.batch)
 
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
@@ -191,4 +191,4 @@ class ChunkedCosformer(torch.autograd.Function):
                 if hidden is not None:
                     grad_fk.masked_fill_(hidden[:, j : j + chunk], 0.0)
                 grad_k[:, j : j + chunk] = reweighted_backward(grad_fk, k[:, j : j + chunk], wk[j : j + chunk])
-        return *(unflat(t) for t in (grad_q, grad_k, grad_v)), *none
+        return *(unflat(t, ctx.batch) for t in (grad_q, grad_k, grad_v)), *none

@@ -48,6 +48,7 @@ from attention_zoo.kernel_products import (
     normalised,
     query_features,
     quotient,
+    unflat,
 )
 
 
@@ -128,10 +129,9 @@ class CausalFavor(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         *inputs, w, hidden, kappa, out, denominator = ctx.saved_tensors
         s, relu, chunk, span, needs = ctx.s, ctx.relu, ctx.chunk, ctx.span, ctx.needs_input_grad[:3]
-        unflat = lambda t: None if t is None else rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 6
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            dense = lambda: unflat(unspanned(*(flat(t) for t in inputs), w, s, hidden, relu, chunk))
+            dense = lambda: unflat(unspanned(*(flat(t) for t in inputs), w, s, hidden, relu, chunk), ctx.batch)
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         q, k, v = (flat(t) for t in inputs)
         values = F.pad(v, (0, 1), value=1.0)
@@ -174,4 +174,4 @@ class CausalFavor(torch.autograd.Function):
                     fk, fq, g_sums, scale_part, rows_part, chunk, value_state, value_reference, reverse=True
                 )
                 grad_v[:, part] = grad_values[..., :-1]
-        return *(unflat(t) for t in (grad_q, grad_k, grad_v)), *none
+        return *(unflat(t, ctx.batch) for t in (grad_q, grad_k, grad_v)), *none

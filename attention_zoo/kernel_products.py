@@ -91,6 +91,11 @@ def flat(t: Tensor) -> Tensor:
     return rearrange(t, "b h n e -> (b h) n e")
 
 
+def unflat(t: Tensor | None, batch: int) -> Tensor | None:
+    """The inverse of :func:`flat` for ``batch`` batch entries; None stays None (an input that needs no gradient)."""
+    return None if t is None else rearrange(t, "(b h) n e -> b h n e", b=batch)
+
+
 def hidden_rows(hidden: Tensor | None, heads: int) -> Tensor | None:
     """Padded keys ``hidden`` (B, 1, Nk, 1) as (B H, Nk, 1), the rows of :func:`flat` tensors."""
     return None if hidden is None else rearrange(hidden.expand(-1, heads, -1, -1), "b h j 1 -> (b h) j 1")
@@ -352,10 +357,9 @@ class FavorAttention(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         *inputs, w, hidden, sums, normaliser, reference, out, denominator = ctx.saved_tensors
         s, relu, chunk, needs = ctx.s, ctx.relu, ctx.chunk, ctx.needs_input_grad[:3]
-        unflat = lambda t: rearrange(t, "(b h) n e -> b h n e", b=ctx.batch)
         none = (None,) * 5
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            dense = lambda: unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference))
+            dense = lambda: unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference), ctx.batch)
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
         grad_q, grad_k, grad_v = (
@@ -389,4 +393,4 @@ class FavorAttention(torch.autograd.Function):
                 grad_fk.mul_(fk)  # d phi / d k = phi (s w - s^2 k): the |y|^2 / 2 of every key
                 part = k[:, j : j + chunk] * grad_fk.sum(dim=-1, keepdim=True)
                 torch.baddbmm(part, grad_fk, w.transpose(1, 2), alpha=1.0, beta=-s * s, out=grad_k[:, j : j + chunk])
-        return *(None if t is None else unflat(t) for t in (grad_q, grad_k, grad_v)), *none
+        return *(unflat(t, ctx.batch) for t in (grad_q, grad_k, grad_v)), *none
