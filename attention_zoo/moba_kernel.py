@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from attention_zoo import chunking
 from attention_zoo.moba_kernel_flash import FlashMobaAttention
-from attention_zoo.moba_layout import GatedBatch, add_block, block_keys, gated_layout
+from attention_zoo.moba_layout import GatedBatch, add_block, block_bias, block_keys, gated_layout
 from attention_zoo.precision import compute_dtype
 
 #: elements of the largest per-chunk score tile on the CPU (~2 MB in float32, reused by the allocator rather
@@ -98,10 +98,8 @@ def _own_scores(queries: Tensor, keys: Tensor, bias: Tensor | None, padded: Tens
 def _gated_scores(queries: Tensor, keys: Tensor, batch: GatedBatch, key_bias: Tensor | None, block_size: int):
     """S = (Q * scale) K^T of a batch, -inf on padded keys."""
     scores = torch.bmm(queries, keys.mT)
-    if key_bias is not None:
-        bias = key_bias[:, batch.block * block_size : (batch.block + 1) * block_size]
-        scores.add_((bias if batch.sequences is None else bias.index_select(0, batch.sequences))[:, None, :])
-    return scores
+    bias = block_bias(key_bias, batch, block_size)
+    return scores if bias is None else scores.add_(bias[:, None, :])
 
 
 def _by_block(t: Tensor, block_size: int) -> Tensor:

@@ -36,7 +36,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attention_zoo.masks import SDPA_CPU_NAN_MIN_KEYS
-from attention_zoo.moba_layout import GatedBatch, add_block, block_keys
+from attention_zoo.moba_layout import GatedBatch, add_block, block_bias, block_keys
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -44,10 +44,13 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 def _block_mask(key_bias: Tensor | None, batch: GatedBatch, block_size: int) -> Tensor | None:
     """(G, 1, 1, B) additive mask (0 / -inf) of a batch's key block, or None without padding."""
-    if key_bias is None:
-        return None
-    bias = key_bias[:, batch.block * block_size : (batch.block + 1) * block_size]
-    return (bias if batch.sequences is None else bias.index_select(0, batch.sequences))[:, None, None, :]
+    bias = block_bias(key_bias, batch, block_size)
+    return None if bias is None else bias[:, None, None, :]
+
+
+def _own_mask(key_bias: Tensor | None, block_size: int) -> Tensor | None:
+    """(S N / B, 1, 1, B) additive mask of every own block, or None without padding."""
+    return None if key_bias is None else rearrange(key_bias, "s (g j) -> (s g) 1 1 j", j=block_size)
 
 
 def _rows(batch: GatedBatch, seqs: int, n: int, block_size: int) -> tuple[Tensor, Tensor | None]:
@@ -86,7 +89,7 @@ class FlashMobaAttention(torch.autograd.Function):
         if key_bias is None and block_size < SDPA_CPU_NAN_MIN_KEYS:
             key_bias = q.new_zeros(seqs, n)  # over fewer keys, the op hides a NaN query unless given a mask
         by_block = lambda t: t.view(-1, 1, block_size, dim)
-        own_mask = None if key_bias is None else rearrange(key_bias, "s (g j) -> (s g) 1 1 j", j=block_size)
+        own_mask = _own_mask(key_bias, block_size)
         out, lse = _flash(by_block(q), by_block(k), by_block(v), 0.0, causal, attn_mask=own_mask, scale=scale)[:2]
         out, lse = out.view(total, dim), lse.view(total)
         if key_bias is not None:
@@ -130,7 +133,7 @@ class FlashMobaAttention(torch.autograd.Function):
         total = seqs * n
         grad_out = grad_out.contiguous()
         by_block = lambda t: t.view(-1, 1, block_size, dim)
-        own_mask = None if key_bias is None else rearrange(key_bias, "s (g j) -> (s g) 1 1 j", j=block_size)
+        own_mask = _own_mask(key_bias, block_size)
         grads = _flash_backward(
             by_block(grad_out), by_block(q), by_block(k), by_block(v), by_block(out),
             lse.view(-1, 1, block_size), 0.0, ctx.causal, attn_mask=own_mask, scale=scale,

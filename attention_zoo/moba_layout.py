@@ -89,6 +89,14 @@ def block_keys(blocks: Tensor, batch: GatedBatch) -> Tensor:
     return keys if batch.sequences is None else keys.index_select(0, batch.sequences)
 
 
+def block_bias(key_bias: Tensor | None, batch: GatedBatch, block_size: int) -> Tensor | None:
+    """(G, B) additive key mask (0 / -inf) of a batch's key block, from ``key_bias`` (S, N); None without one."""
+    if key_bias is None:
+        return None
+    bias = key_bias[:, batch.block * block_size : (batch.block + 1) * block_size]
+    return bias if batch.sequences is None else bias.index_select(0, batch.sequences)
+
+
 def add_block(blocks: Tensor, batch: GatedBatch, part: Tensor) -> None:
     """Adds a batch's (G, B, D) gradient into the rows of its key block."""
     target = blocks[:, batch.block]
