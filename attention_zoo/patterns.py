@@ -88,8 +88,7 @@ class SparsePattern:
         return with_causal(self.rule(n, causal, device), causal)
 
     def band(self, causal: bool) -> Band | None:
-        """The band i - before <= j <= i + after, for a pattern that is exactly one (the blocked kernel then runs
-        :mod:`attention_zoo.band_attention`); None for the others."""
+        """The band i - before <= j <= i + after, for a pattern that is exactly one; None for the others."""
         return None
 
     def tiles(self, mask_mod: MaskMod, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
@@ -97,14 +96,15 @@ class SparsePattern:
         return layout_from_mask(mask_mod, n, self.tile_rows(), device)
 
     def banded(self, causal: bool) -> Band | None:
-        """The band of a pattern that is a band plus other keys (the blocked kernel then runs the band on
-        :mod:`attention_zoo.band_attention` and :meth:`rest_tiles` on the tiled kernel, one softmax over both,
-        :mod:`attention_zoo.band_and_tiles`); None for the others."""
-        return None
+        """The band the blocked kernel runs on :mod:`attention_zoo.band_attention`: :meth:`band` for a pattern that
+        is exactly one; for a pattern that is a band plus other keys, that band, with :meth:`rest_tiles` on the
+        tiled kernel and one softmax over both (:mod:`attention_zoo.band_and_tiles`); None for the others."""
+        return self.band(causal)
 
     def rest_tiles(self, n: int, causal: bool, device: torch.device) -> tuple[TileGroup, ...]:
-        """The tiled kernel's layout of the pattern's pairs outside :meth:`banded`'s band (empty: none)."""
-        raise NotImplementedError
+        """The tiled kernel's layout of the pattern's pairs outside :meth:`banded`'s band (empty: none, as for a
+        pattern that is exactly a band)."""
+        return ()
 
     def length_bounds(self) -> list[tuple[str, int, int, int]]:
         """(option, value, default, keys per position) of each size along the sequence."""

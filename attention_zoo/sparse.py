@@ -129,9 +129,6 @@ class PatternAttention(AttentionCore):
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
             return masked_attention(q, k, v, allowed, mask, self.scale)
-        band = self.pattern.band(causal)
-        if band is not None:
-            return band_attention(q, k, v, band, mask, self.scale)
         band = self.pattern.banded(causal)
         if band is not None:
             rest = _cached(self._layouts, key, lambda: self.pattern.rest_tiles(*key))
