@@ -22,6 +22,13 @@ initialisation (kernel caches, code pages of the shared libraries) is not counte
 calls); ``total_mb`` counts them as well (growth above the process after imports, or above the warm
 baseline where the resident set shrank by a few pages in between): the max-batch search checks ``total_mb``
 against the memory budget.
+
+``allocated_peak_mb`` is what the CUDA figure is on both devices: the peak of the bytes torch's allocator has
+handed out during one warm call, above those live before it. On CUDA it is ``peak_mb``; on the CPU one more call
+runs under ``torch.profiler`` (``profile_memory``), whose allocation and free events, summed in time order, give
+it. It leaves out what the resident set adds (pages malloc keeps for freed blocks, which vary with the
+allocator's history; buffers that libraries allocate outside torch) and frees of blocks allocated before the call
+(so it errs high).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 import attention_zoo as az
 from attention_zoo.decoding import greedy_search
@@ -222,8 +230,10 @@ def measure_case(case: Case, *, repeats: int, warmup: int) -> dict[str, Any]:
         if cuda:
             torch.cuda.synchronize()
             peak_bytes = torch.cuda.max_memory_allocated()
+            allocated_peak_bytes = peak_bytes - base_bytes
         else:
             peak_bytes = _status_kib("VmHWM") * 1024 if method == "rss-hwm" else math.nan
+            allocated_peak_bytes = allocated_peak(step)
     except Exception as exc:  # the sweep records why a case failed and goes on
         status = classify(exc)
         return {"status": status, "detail": _detail(exc, status)}
@@ -238,7 +248,21 @@ def measure_case(case: Case, *, repeats: int, warmup: int) -> dict[str, Any]:
         # total counts from the lower one, so that total_mb >= peak_mb and the budget check errs on the safe side
         "total_mb": (peak_bytes - min(start_bytes, base_bytes)) / MIB,
         "memory_method": method,
+        "allocated_peak_mb": allocated_peak_bytes / MIB,
     }
+
+
+def allocated_peak(step: Callable[[], None]) -> int:
+    """Peak, during one call of ``step``, of the bytes torch's CPU allocator has handed out, above those live
+    before the call (frees of blocks allocated before it are not reported by the profiler)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
 
 
 def _allocated_bytes(method: str) -> float:

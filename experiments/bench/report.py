@@ -22,7 +22,9 @@ encoder-decoder, with the decoding cache / recomputing the decoder over the pref
 (warm) call: on CUDA `torch.cuda.max_memory_allocated` after a reset; on CPU the resident-set
 high-water mark (`VmHWM`, reset through `/proc/self/clear_refs` after `malloc_trim(0)`) minus the
 resident set before the call. The CPU figure counts whole pages and every allocation of the process,
-and a block freed and reused within the call once. FLOPs are formulas (`experiments/bench/flops.py`: matrix
+and a block freed and reused within the call once. `allocated_peak_mb` is the peak of the bytes torch's
+allocator handed out during one warm call, above those live before it: on CUDA the same as `peak_mb`, on CPU
+summed from `torch.profiler`'s allocation events in a further call (no malloc pages, no libraries' own buffers). FLOPs are formulas (`experiments/bench/flops.py`: matrix
 products only, fwd+bwd = 3x fwd; n/a where none is known); the peak is the best large matmul of the
 same dtype and threads on the same device. Ratios are full attention (SDPA backend) / mechanism in
 the same setting: > 1 means faster or smaller."""

@@ -122,6 +122,29 @@ def test_cpu_memory_sees_the_attention_matrix():
     assert result["status"] == "ok" and result["peak_mb"] >= scores_mb
 
 
+def test_allocated_peak_is_the_most_bytes_live_at_once():
+    kept = torch.ones(2**18)  # allocated before the call: neither counted nor, when freed, subtracted
+    held = []
+
+    def step() -> None:
+        first = torch.empty(2**20)  # 4 MiB
+        held.append(torch.empty(2**19))  # 2 MiB, kept past the call
+        del first
+        held.append(torch.empty(3 * 2**18))  # 3 MiB: 5 live, fewer than the 6 before
+        held.clear()
+        kept.resize_(0)
+
+    assert bench_measure.allocated_peak(step) == 6 * 2**20
+
+
+def test_allocated_peak_sees_the_attention_matrix():
+    """The math backend materialises B H n^2 scores; the allocated peak counts them, nothing of malloc's pages."""
+    case = core_case(options={"backend": "math"}, n=512, heads=8, mode="fwd")
+    result = measure_case(case, repeats=1, warmup=1)
+    scores_mb = 8 * 512 * 512 * 4 / 2**20
+    assert result["status"] == "ok" and scores_mb <= result["allocated_peak_mb"] <= 4 * scores_mb
+
+
 def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     class Exploding(FullAttention):
         def attend(self, q, k, v, *, mask, causal):
@@ -353,6 +376,27 @@ def test_targets_table_reads_the_protocol_rows():
     assert all(t.attention in text for t in targets.selected(names))
     if names:  # linformer: 1000 ms / (4096 / 20) ms, and t(8192) / t(2048) = 4 <= 5
         assert f"{1000 / (4096 / 20):.2f}x" in text and "4.00" in text and "yes" in text
+
+
+@pytest.mark.parametrize(
+    ("allocated", "resident", "shown", "met"),
+    [((30.0, 119.0), (28.0, 130.0), "3.97 (rss 4.64)", "yes"), ((30.0, 126.0), (30.0, 110.0), "4.20 (rss 3.67)", "NO"),
+     (None, (30.0, 110.0), "3.67", "yes"), (None, (28.0, 130.0), "4.64", "NO")],
+)  # fmt: skip
+def test_memory_growth_is_checked_on_the_allocated_peak(allocated, resident, shown, met, monkeypatch):
+    """A target that asks only for memory growth: its cell and verdict follow the allocated peak where a row has one."""
+    monkeypatch.setattr(targets, "TARGETS", (targets.Target("linear", max_memory_growth=4.0),))
+    rows = {}
+    for case in targets.target_cases({"linear"}, threads=1):
+        memory = {}
+        if case.seq_len in (2048, 8192):
+            i = (2048, 8192).index(case.seq_len)
+            memory = {"peak_mb": resident[i]} | ({"allocated_peak_mb": allocated[i]} if allocated else {})
+        rows[case.key()] = row_of(case, time_ms_min=1000.0 if case.attention == "full" else case.seq_len / 20, **memory)
+    console = Console(file=io.StringIO(), width=300)
+    console.print(targets.targets_table(rows, {"linear"}, threads=1))
+    line = next(line for line in console.file.getvalue().splitlines() if "linear" in line)
+    assert shown in line and line.rstrip(" │").endswith(met)
 
 
 @pytest.mark.parametrize(("fraction", "met"), [(0.45, "yes"), (0.35, "NO"), (None, "NO")])
