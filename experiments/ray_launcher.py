@@ -257,7 +257,7 @@ def run_bench(config: Any, store: Any, device: str, cases: list[Any], *, retry_f
     from experiments.bench.store import now
     from experiments.console import console
 
-    pending, code = pending_cases(store, cases, retry_failed=retry_failed)
+    pending, code = pending_cases(store, cases, retry_failed=retry_failed, rounds=config.rounds)
     options: dict[str, Any] = {"num_cpus": run_cpus, "max_retries": 0}
     if device == "cuda":
         options["num_gpus"] = 1

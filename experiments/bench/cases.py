@@ -137,6 +137,9 @@ class BenchConfig:
     vocab_size: int = setting("encoder vocabulary", 1000)
     repeats: int = setting("timed repeats (median, min, max reported)", 5)
     warmup: int = setting("untimed calls first", 1)
+    rounds: int = setting(
+        "times the whole sweep is measured, round after round; each case's fastest round is its result", 1
+    )
     case_timeout_s: float = setting("wall-clock bound of one case, start-up included", 300.0)
     max_batch: bool = setting("also search the largest batch that fits (Linformer Table 3)", False)
     memory_budget_gb: float | None = setting("memory a case may use (CPU default 8; CUDA default: the device)", None)
@@ -179,8 +182,10 @@ class BenchConfig:
             raise ValueError(f"modes {', '.join(DECODE_MODES)} decode with an encoder-decoder: add level seq2seq")
         if "decode-step" in self.modes and "core" not in self.levels:
             raise ValueError("mode decode-step times one decoding step of a core: add level core")
-        if self.repeats < 1 or self.warmup < 0:
-            raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}")
+        if self.repeats < 1 or self.warmup < 0 or self.rounds < 1:
+            raise ValueError(
+                f"repeats and rounds must be >= 1 and warmup >= 0, got {self.repeats}, {self.rounds}, {self.warmup}"
+            )
         if self.max_batch and self.isolation != "process":
             raise ValueError("the max-batch search needs isolation: process (a probe may run out of memory)")
 

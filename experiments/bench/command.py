@@ -12,6 +12,8 @@ flags take comma-separated values; a mechanism config is ``name:opt=value,opt=va
 project has a target for it, else its defaults, else its first example config (tiny: a test config).
 ``full`` (SDPA backend) is added as the baseline when the sweep lacks it. A rerun with the same
 ``--out`` resumes: cases already in ``results.jsonl`` are skipped (``--retry-failed`` redoes failures).
+``--rounds R`` measures the whole sweep R times, one round after another, and reports each case's fastest
+round: a case's repeats then span minutes of the machine's drift, as its baseline's do.
 ``--launcher ray`` spreads the cases over a Ray cluster, one timing case per device at a time
 (``experiments/ray_launcher.py``); the default ``local`` runs them one after another and never imports Ray.
 
@@ -183,13 +185,13 @@ def main(argv: list[str]) -> int:
     elif not args.report_only:
         Runner(config, store, device).run(cases, retry_failed=args.retry_failed)
     paths = write_outputs(store)
-    latest = store.latest()
+    results = store.best()
     if args.check_targets:
         for threads in config.threads:
-            out.print(targets.targets_table(latest, names, threads))
+            out.print(targets.targets_table(results, names, threads))
     else:
         keys = {c.key() for c in cases}
-        swept = [row for key, row in latest.items() if key in keys]
+        swept = [row for key, row in results.items() if key in keys]
         out.print(Markdown(tables.nystromformer_table(swept)))
         out.print(Markdown("**Crossover**\n\n" + tables.crossover_table(swept)))
         decoding = tables.decoding_table(swept)

@@ -13,21 +13,23 @@ from experiments.bench.plots import write_plots, write_tensorboard
 from experiments.bench.store import ResultStore
 
 METHOD = """\
-Method: each case runs in a fresh worker process (unless `isolation: none`), builds its inputs and
-parameters, then makes `warmup` untimed calls and `repeats` timed ones; times are the median (min and
-max in `results.csv`). `fwd` runs under `torch.inference_mode()`; `fwd+bwd` is one forward and one
-backward. `decode` / `decode-recompute` (level `seq2seq`) are greedy decoding of n tokens by an
-encoder-decoder, with the decoding cache / recomputing the decoder over the prefix at every step, under
-`torch.no_grad()`. Memory (`peak_mb`) is the peak growth, above the inputs and parameters, during one more
-(warm) call: on CUDA `torch.cuda.max_memory_allocated` after a reset; on CPU the resident-set
-high-water mark (`VmHWM`, reset through `/proc/self/clear_refs` after `malloc_trim(0)`) minus the
-resident set before the call. The CPU figure counts whole pages and every allocation of the process,
-and a block freed and reused within the call once. `allocated_peak_mb` is the peak of the bytes torch's
-allocator handed out during one warm call, above those live before it: on CUDA the same as `peak_mb`, on CPU
-summed from `torch.profiler`'s allocation events in a further call (no malloc pages, no libraries' own buffers). FLOPs are formulas (`experiments/bench/flops.py`: matrix
-products only, fwd+bwd = 3x fwd; n/a where none is known); the peak is the best large matmul of the
-same dtype and threads on the same device. Ratios are full attention (SDPA backend) / mechanism in
-the same setting: > 1 means faster or smaller."""
+Method: each case runs in a fresh worker process (unless `isolation: none`), builds its inputs and parameters,
+then makes `warmup` untimed calls and `repeats` timed ones; times are the median (min and max in
+`results.csv`). `fwd` runs under `torch.inference_mode()`; `fwd+bwd` is one forward and one backward. `decode`
+/ `decode-recompute` (level `seq2seq`) are greedy decoding of n tokens by an encoder-decoder, with the
+decoding cache / recomputing the decoder over the prefix at every step, under `torch.no_grad()`. Memory
+(`peak_mb`) is the peak growth, above the inputs and parameters, during one more (warm) call: on CUDA
+`torch.cuda.max_memory_allocated` after a reset; on CPU the resident-set high-water mark (`VmHWM`, reset
+through `/proc/self/clear_refs` after `malloc_trim(0)`) minus the resident set before the call. The CPU figure
+counts whole pages and every allocation of the process, and a block freed and reused within the call once.
+`allocated_peak_mb` is the peak of the bytes torch's allocator handed out during one warm call, above those
+live before it: on CUDA the same as `peak_mb`, on CPU summed from `torch.profiler`'s allocation events in a
+further call (no malloc pages, no libraries' own buffers). With `rounds` > 1 the whole sweep is measured that
+many times, one round after another, and each case's row is its fastest round's (`rounds` in `results.csv`:
+how many it was chosen from). FLOPs are formulas (`experiments/bench/flops.py`: matrix products only, fwd+bwd
+= 3x fwd; n/a where none is known); the peak is the best large matmul of the same dtype and threads on the
+same device. Ratios are full attention (SDPA backend) / mechanism in the same setting: > 1 means faster or
+smaller."""
 
 
 def machine_section(rows: list[dict[str, Any]]) -> str:
@@ -76,7 +78,7 @@ def render_report(rows: list[dict[str, Any]], title: str = "attention-zoo benchm
 
 
 def write_outputs(store: ResultStore) -> dict[str, Path | list[Path]]:
-    rows = list(store.latest().values())
+    rows = list(store.best().values())
     report = store.out_dir / "report.md"
     temporary = report.with_suffix(".md.tmp")
     temporary.write_text(render_report(rows))

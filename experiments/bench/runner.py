@@ -32,7 +32,7 @@ import attention_zoo as az
 from experiments.bench.cases import DECODE_MODES, BenchConfig, Case
 from experiments.bench.flops import case_flops
 from experiments.bench.measure import RESULT_MARKER, measure_case, measure_peak_tflops
-from experiments.bench.store import ResultStore, code_fingerprint, machine_info, now
+from experiments.bench.store import ResultStore, case_of, code_fingerprint, machine_info, now
 from experiments.console import console
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -201,7 +201,7 @@ class Runner:
 
     def run(self, cases: list[Case], *, retry_failed: bool = False) -> int:
         """Measure every case the store lacks; returns how many ran."""
-        pending, code = pending_cases(self.store, cases, retry_failed=retry_failed)
+        pending, code = pending_cases(self.store, cases, retry_failed=retry_failed, rounds=self.config.rounds)
         out = console()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=out) as progress:
@@ -215,14 +215,22 @@ class Runner:
         return len(pending)
 
 
-def pending_cases(store: ResultStore, cases: list[Case], *, retry_failed: bool) -> tuple[list[Case], str]:
-    """The cases the store lacks (measured with this code), and this code's fingerprint; says what it skips."""
+def pending_cases(
+    store: ResultStore, cases: list[Case], *, retry_failed: bool, rounds: int = 1
+) -> tuple[list[Case], str]:
+    """The measurements the store lacks (with this code), round by round: round r holds the cases measured at
+    most r times so far; and this code's fingerprint. Says what it skips."""
     code = code_fingerprint()
-    done = {key: row for key, row in store.latest().items() if row.get("code") == code}
-    pending = [c for c in cases if c.key() not in done or (retry_failed and done[c.key()]["status"] != "ok")]
-    if len(pending) < len(cases):
+    measured: dict[str, int] = {}
+    for row in store.rows:
+        if row.get("code") == code and (row["status"] == "ok" or not retry_failed):
+            key = case_of(row).key()
+            measured[key] = measured.get(key, 0) + 1
+    pending = [c for r in range(rounds) for c in cases if measured.get(c.key(), 0) <= r]
+    if len(pending) < rounds * len(cases):
+        what = "cases" if rounds == 1 else f"measurements ({len(cases)} cases x {rounds} rounds)"
         console().print(
-            f"resuming: {len(cases) - len(pending)} of {len(cases)} cases already in {store.path} "
+            f"resuming: {rounds * len(cases) - len(pending)} of {rounds * len(cases)} {what} already in {store.path} "
             f"(measured with this code, {code}; results of other code are measured again)"
         )
     return pending, code

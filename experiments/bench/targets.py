@@ -11,6 +11,10 @@ most 1.5x one at n = 256; where a target asks, the useful FLOP/s at n = 4096 rea
 single-thread matmul peak that the sweep measures (at the minimum time, as the speedups are; ``zoo bench``'s own
 ``peak_fraction`` column uses the median).
 
+With ``--rounds R`` every case is measured in R rounds of the whole sweep and its fastest round counts, so that
+a mechanism and its baseline each get the machine's fast minutes (a ratio of two cases timed minutes apart moves
+with the machine's drift: rows 10% clear of their line flipped from one single-round sweep to the next).
+
 The memory peak is the bytes torch's allocator handed out (``allocated_peak_mb``, as CUDA's figure is); the
 resident-set growth (``peak_mb``) is shown beside it, and checked for rows stored before the allocated peak was
 measured. The resident set adds the pages malloc keeps for freed blocks, which vary with the allocator's history:
@@ -136,7 +140,9 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
         flops, peak = (measured(target, SPEEDUP_N, field) for field in ("flops", "device_peak_tflops"))
         return flops / (ms / 1e3) / (peak * 1e12) if flops and peak else None
 
-    table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, min)")
+    rounds = max((row.get("rounds", 1) for row in rows.values() if row.get("status") == "ok"), default=1)
+    fastest = f"min of {rounds} rounds" if rounds > 1 else "min"
+    table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, {fastest})")
     headers = ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target")
     more = ("mem(8192)/mem(2048)", "target", "step(4096)/step(256)", "target", "of peak", "target", "met")
     for header in (*headers, *more):

@@ -238,6 +238,38 @@ def test_rerun_skips_finished_cases(tmp_path):
     assert len(store.path.read_text().splitlines()) == 3
 
 
+def test_rounds_measure_the_sweep_again_and_keep_each_case_fastest(tmp_path, monkeypatch):
+    calls = iter(range(100))  # the cases' calls take 3, 2, 1, 7, 6, 5 s; the matmul peak's (5 repeats) 1 s
+    fake = lambda step, warmup, repeats, device: [1.0] * 5 if repeats == 5 else [(30 - next(calls)) % 7 + 1.0]
+    monkeypatch.setattr(bench_measure, "time_calls", fake)
+    config = BenchConfig(isolation="none", repeats=1, warmup=0, rounds=3)
+    cases = [core_case(n=32), core_case(n=48)]
+    store = ResultStore(tmp_path)
+    store.append(row_of(cases[0], time_ms_min=0.5, code="other-code"))  # other code: neither counted nor chosen
+    assert Runner(config, store, "cpu").run(cases[:1]) == 3
+    assert Runner(config, store, "cpu").run(cases) == 3
+    seconds = {c.key(): [r["time_ms_min"] for r in store.rows[1:] if case_of(r) == c] for c in cases}
+    assert seconds == {cases[0].key(): [3e3, 2e3, 1e3], cases[1].key(): [7e3, 6e3, 5e3]}
+    best = store.best()
+    assert [best[c.key()]["time_ms_min"] for c in cases] == [1e3, 5e3] and best[cases[1].key()]["rounds"] == 3
+    assert Runner(config, ResultStore(tmp_path), "cpu").run(cases) == 0
+    assert Runner(dataclasses.replace(config, rounds=4), ResultStore(tmp_path), "cpu").run(cases) == 2
+
+
+def test_a_failed_round_is_not_a_result_but_counts_unless_retried(tmp_path):
+    case = core_case(n=32)
+    store = ResultStore(tmp_path)
+    code = bench_runner.code_fingerprint()
+    store.append(row_of(case, time_ms_min=2.0, code=code))
+    store.append(row_of(case, status="error", detail="boom", code=code))
+    assert store.best()[case.key()]["time_ms_min"] == 2.0 and store.latest()[case.key()]["status"] == "error"
+    pending = lambda cases, rounds=2, **kw: bench_runner.pending_cases(store, cases, rounds=rounds, **kw)[0]
+    assert pending([case], retry_failed=False) == [] and pending([case], retry_failed=True) == [case]
+    other = core_case(n=48)  # round after round, the rounds a case lacks interleaved with the others'
+    assert pending([other, case], retry_failed=True) == [other, other, case]
+    assert pending([other, case], rounds=3, retry_failed=True) == [other, other, case, other, case]
+
+
 def test_results_of_other_code_are_measured_again(tmp_path, monkeypatch):
     config = BenchConfig(isolation="none", repeats=1, warmup=0)
     cases = [core_case(n=32)]
