@@ -1,7 +1,7 @@
 """The targets table of each round of a multi-round `zoo targets` sweep (the r-th row of each case), then the
 sweep's own table (each case's fastest round).
 
-    python experiments/results/cpu_targets/sweep_2026-11-27_rounds/per_round.py experiments/results/cpu_targets/sweep_2026-11-27_rounds
+    cd experiments/results/cpu_targets/sweep_2026-11-27_rounds && COLUMNS=250 python per_round.py . > targets.txt
 """
 
 import sys
