@@ -200,32 +200,45 @@ class Runner:
         return row
 
     def run(self, cases: list[Case], *, retry_failed: bool = False) -> int:
-        """Measure every case the store lacks; returns how many ran."""
+        """Measure every case the store lacks; returns how many measurements ran. A case that fails is not
+        measured again in the later rounds."""
         pending, code = pending_cases(self.store, cases, retry_failed=retry_failed, rounds=self.config.rounds)
         out = console()
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        failed: set[str] = set()
+        ran = 0
         with Progress(*columns, console=out) as progress:
             task = progress.add_task("bench", total=len(pending))
             for case in pending:
+                progress.advance(task)
+                if case.key() in failed:
+                    continue
                 progress.update(task, description=describe(case))
                 row = self.case_row(case, code)
                 self.store.append(row)
+                ran += 1
                 progress.console.print(f"{describe(case)}: {summary(row)}")
-                progress.advance(task)
-        return len(pending)
+                if row["status"] != "ok":
+                    failed.add(case.key())
+        return ran
 
 
 def pending_cases(
     store: ResultStore, cases: list[Case], *, retry_failed: bool, rounds: int = 1
 ) -> tuple[list[Case], str]:
     """The measurements the store lacks (with this code), round by round: round r holds the cases measured at
-    most r times so far; and this code's fingerprint. Says what it skips."""
+    most r times so far, none that failed (unless ``retry_failed``); and this code's fingerprint. Says what it
+    skips."""
     code = code_fingerprint()
     measured: dict[str, int] = {}
     for row in store.rows:
-        if row.get("code") == code and (row["status"] == "ok" or not retry_failed):
-            key = case_of(row).key()
+        key = case_of(row).key()
+        if row.get("code") != code:
+            continue
+        if row["status"] == "ok":
             measured[key] = measured.get(key, 0) + 1
+        elif not retry_failed:  # a case that failed is done with, in every round
+            measured[key] = rounds
     pending = [c for r in range(rounds) for c in cases if measured.get(c.key(), 0) <= r]
     if len(pending) < rounds * len(cases):
         what = "cases" if rounds == 1 else f"measurements ({len(cases)} cases x {rounds} rounds)"

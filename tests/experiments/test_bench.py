@@ -256,6 +256,18 @@ def test_rounds_measure_the_sweep_again_and_keep_each_case_fastest(tmp_path, mon
     assert Runner(dataclasses.replace(config, rounds=4), ResultStore(tmp_path), "cpu").run(cases) == 2
 
 
+def test_a_case_that_fails_is_not_measured_again_in_later_rounds(tmp_path, monkeypatch):
+    good, bad = core_case(n=32), core_case(n=48)
+    ok = {"status": "ok", "time_ms_min": 1.0, "time_ms_median": 1.0, "peak_mb": 1.0}
+    result = lambda case: {"status": "error", "detail": "boom"} if case == bad else ok
+    monkeypatch.setattr(Runner, "time_case", lambda self, case: result(case))
+    store = ResultStore(tmp_path)
+    config = BenchConfig(isolation="none", repeats=1, warmup=0, rounds=3)
+    assert Runner(config, store, "cpu").run([good, bad]) == 4
+    assert [case_of(row).seq_len for row in store.rows] == [32, 48, 32, 32]
+    assert Runner(config, ResultStore(tmp_path), "cpu").run([good, bad]) == 0
+
+
 def test_a_failed_round_is_not_a_result_but_counts_unless_retried(tmp_path):
     case = core_case(n=32)
     store = ResultStore(tmp_path)
