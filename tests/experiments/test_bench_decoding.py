@@ -106,8 +106,9 @@ def test_decode_step_mode_times_one_step_after_a_prefill(attention, monkeypatch)
     monkeypatch.setattr(bench_measure, "DECODE_STEPS_PER_CALL", 3)
     result = measure_case(case, repeats=2, warmup=1)
     assert result["status"] == "ok", result and case_flops(case) is None
-    # a prefill of n positions, then one position per step, 3 steps per call (warm-up, repeats, the memory call)
-    assert calls == [(16, 0)] + [(1, 16 + i) for i in range(4 * 3)]
+    # a prefill of n positions, then one position per step, 3 steps per call (warm-up, repeats, the resident-memory
+    # call, the allocated-peak call)
+    assert calls == [(16, 0)] + [(1, 16 + i) for i in range(5 * 3)]
 
 
 def test_decode_step_time_is_per_step_not_per_call(monkeypatch):
