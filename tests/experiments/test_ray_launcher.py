@@ -234,6 +234,8 @@ def test_ddp_over_two_nodes_under_torchrun(tmp_path):
         agents.append(subprocess.Popen(torchrun, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         codes = [agent.wait(timeout=180) for agent in agents]
+    except subprocess.TimeoutExpired:
+        codes = None  # the agents' logs say where they were
     finally:
         for agent in agents:
             agent.kill()
