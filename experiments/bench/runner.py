@@ -231,15 +231,18 @@ def pending_cases(
     skips."""
     code = code_fingerprint()
     measured: dict[str, int] = {}
+    failed: set[str] = set()  # cases whose last measurement with this code failed
     for row in store.rows:
-        key = case_of(row).key()
         if row.get("code") != code:
             continue
+        key = case_of(row).key()
         if row["status"] == "ok":
             measured[key] = measured.get(key, 0) + 1
-        elif not retry_failed:  # a case that failed is done with, in every round
-            measured[key] = rounds
-    pending = [c for r in range(rounds) for c in cases if measured.get(c.key(), 0) <= r]
+            failed.discard(key)
+        else:
+            failed.add(key)
+    done = set() if retry_failed else failed  # a case that failed is done with, in every round
+    pending = [c for r in range(rounds) for c in cases if c.key() not in done and measured.get(c.key(), 0) <= r]
     if len(pending) < rounds * len(cases):
         what = "cases" if rounds == 1 else f"measurements ({len(cases)} cases x {rounds} rounds)"
         console().print(

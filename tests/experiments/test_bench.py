@@ -280,6 +280,8 @@ def test_a_failed_round_is_not_a_result_but_counts_unless_retried(tmp_path):
     other = core_case(n=48)  # round after round, the rounds a case lacks interleaved with the others'
     assert pending([other, case], retry_failed=True) == [other, other, case]
     assert pending([other, case], rounds=3, retry_failed=True) == [other, other, case, other, case]
+    store.append(row_of(case, time_ms_min=3.0, code=code))  # retried and measured: its later rounds are due again
+    assert pending([case], rounds=3, retry_failed=False) == [case]
 
 
 def test_results_of_other_code_are_measured_again(tmp_path, monkeypatch):
