@@ -53,6 +53,7 @@ from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -406,7 +407,16 @@ def run(subcommand: str, argv: list[str]) -> int:
         more = "" if verbose else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
         print(f"zoo {subcommand}: error: {parser_error_line(str(error))}{more}", file=sys.stderr)
         return 2
+    finally:
+        _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """Destroy the process group a distributed run made (Lightning leaves it open): left to the interpreter's exit,
+    Gloo's threads can abort a finished run's process ("terminate called without an active exception", SIGABRT)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
