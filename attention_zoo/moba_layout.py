@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from einops import rearrange, repeat
+from einops import rearrange
 from torch import Tensor
 
 #: a sequence joins a batch of a key block while its query count is at least this fraction of the batch's largest
@@ -37,14 +37,15 @@ def gated_layout(gated: Tensor, block_size: int, budget: int) -> tuple[GatedBatc
     device = gated.device
     sequences, n, picks = gated.shape[0] * gated.shape[1], gated.shape[2], gated.shape[3]
     blocks_of = n // block_size
-    query = repeat(torch.arange(sequences * n, device=device), "q -> (q r)", r=picks)
-    block = rearrange(gated, "b h i r -> (b h i r)")
-    routed = block >= 0
-    query, block = query[routed], block[routed]
+    segments = blocks_of * sequences
+    block = rearrange(gated, "b h i r -> (b h) (i r)")
+    # a pair's segment is its (key block, sequence); unrouted pairs (block -1) sort after every segment
+    key = (block * sequences + torch.arange(sequences, device=device)[:, None]).masked_fill_(block < 0, segments)
     # stable: queries stay in position order within a segment, so its gathers walk memory forwards
-    segment, order = (block * sequences + query // n).sort(stable=True)
-    query = query[order]
-    counts = torch.bincount(segment, minlength=blocks_of * sequences)
+    segment, order = key.flatten().to(torch.int32).sort(stable=True)
+    counts = torch.bincount(segment, minlength=segments + 1)[:segments]
+    routed = int(counts.sum())
+    segment, query = segment[:routed].long(), order[:routed] // picks  # (s i r) position -> query s n + i
     cap = max(1, budget // block_size)  # rows of one sequence in one batch
     batches, piece_start, first_piece, start = [], [], [], 0
     for j, row in enumerate(counts.view(blocks_of, sequences).tolist()):
@@ -68,9 +69,15 @@ def gated_layout(gated: Tensor, block_size: int, budget: int) -> tuple[GatedBatc
             seqs = [p[1] for p in members]
             batches.append((j, None if seqs == list(range(sequences)) else seqs, width, start))
             start += len(members) * width
-    within = torch.arange(len(segment), device=device) - (counts.cumsum(0) - counts)[segment]
-    piece = torch.tensor(first_piece, dtype=torch.long, device=device)[segment] + within // cap
-    slots = torch.tensor(piece_start, dtype=torch.long, device=device)[piece] + within % cap
+    segment_start = counts.cumsum(0) - counts
+    first_piece = torch.tensor(first_piece, dtype=torch.long, device=device)
+    # one spare entry: an empty segment's first piece is the next segment's (or none, after the last)
+    piece_start = torch.tensor(piece_start + [0], dtype=torch.long, device=device)
+    if cap >= int(counts.max()):  # at most one piece a segment: its rows start at that piece's slot
+        slots = (piece_start[first_piece] - segment_start)[segment] + torch.arange(routed, device=device)
+    else:
+        within = torch.arange(routed, device=device) - segment_start[segment]
+        slots = piece_start[first_piece[segment] + within // cap] + within % cap
     rows = torch.full((start,), sequences * n, dtype=torch.long, device=device)
     rows[slots] = query
     return tuple(

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attention_zoo import moba_kernel
+from attention_zoo import moba_kernel, moba_kernel_flash
 from attention_zoo.moba_kernel import moba_attention
 from attention_zoo.moba_layout import gated_layout
 
@@ -93,6 +93,7 @@ def assert_matches_the_paper(q, k, v, selected, real, block_size, causal, *, wit
 def test_matches_the_paper_with_gradients(causal, padded, budget, monkeypatch):
     if budget is not None:
         monkeypatch.setattr(moba_kernel, "_CHUNK_ELEMENTS", budget)
+        monkeypatch.setattr(moba_kernel_flash, "_GROUP_ROWS", 8)  # the flash kernel's gathers: 1-2 batches at once
     n, block_size, top_k = 24, 4, 2
     q, k, v = tensors(n, seed=1)
     selected = random_selection(n, block_size, top_k, causal, seed=2)
@@ -169,6 +170,39 @@ def test_a_query_that_sees_no_key_gives_zeros_and_no_nan():
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert all(torch.isfinite(grad).all() for grad in grads)
     assert torch.equal(grads[0][:, :, 4], torch.zeros(B, H, D, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("rising", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gated_blocks_far_above_the_own_block_merge_without_overflow(rising, causal, monkeypatch):
+    # the queries of block 3 gate in blocks 0 and 1 with scores about 60 and 120 above their own block's (120 and
+    # 60 when falling): exp(120) is past float32's range, so the flash kernel's merge must move its reference up
+    # (twice when rising) and scale what it already holds; both passes run one batch at a time here
+    monkeypatch.setattr(moba_kernel_flash, "_GROUP_ROWS", 1)
+    n, block_size = 16, 4
+    generator = torch.Generator().manual_seed(11)
+    direction = torch.nn.functional.normalize(torch.randn(D, generator=generator, dtype=torch.float64), dim=0)
+    q, k, v = (torch.randn(B, H, n, D, generator=generator, dtype=torch.float64) for _ in range(3))
+    q[:, :, 12:] = q[:, :, 12:] * 0.1 + 10 * direction
+    heights = (12.0, 24.0) if rising else (24.0, 12.0)  # score = 10 * height / sqrt(D) = 5 * height
+    for block, height in enumerate(heights):
+        k[:, :, block * 4 : block * 4 + 4] = k[:, :, block * 4 : block * 4 + 4] * 0.3 + height * direction
+    selected = torch.full((B, H, n, 3), -1, dtype=torch.long)
+    selected[..., 0] = torch.arange(n) // block_size
+    selected[:, :, 12:, 1], selected[:, :, 12:, 2] = 0, 1
+    real = torch.ones(B, n, dtype=torch.bool)
+    want = reference(q, k, v, selected, real, block_size, causal)
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    got = moba_attention(*leaves, selected, None, block_size, causal, 1 / math.sqrt(D))
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+    weights = torch.randn(B, H, n, D, generator=generator, dtype=torch.float64)
+    got_grads = torch.autograd.grad((got * weights.float()).sum(), leaves)
+    want_grads = torch.autograd.grad(
+        (reference(*(t.requires_grad_() for t in (q, k, v)), selected, real, block_size, causal) * weights).sum(),
+        (q, k, v),
+    )
+    for got_grad, want_grad in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(got_grad.double(), want_grad, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("budget", [1 << 12, 40])
