@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 
 import pytest
 import torch
@@ -484,7 +485,7 @@ def test_paired_ratio_times_full_and_each_mechanism_round_after_round(tmp_path, 
     from experiments.bench import paired_ratio
 
     out = tmp_path / "ratios.csv"
-    assert paired_ratio.main(["--seq-len", "32", "--heads", "2", "--dim-head", "8", "--rounds", "2",
+    assert paired_ratio.main(["--seq-len", "32", "--heads", "2", "--dim-head", "8", "--rounds", "2", "--blocks", "2",
                               "--attentions", "linear,local:window=8", "--causal", "--out", str(out)]) == 0  # fmt: skip
     with out.open() as file:
         rows = list(csv.DictReader(file))
@@ -495,6 +496,96 @@ def test_paired_ratio_times_full_and_each_mechanism_round_after_round(tmp_path, 
         assert float(row["speedup"]) == pytest.approx(full / float(row["ms_min"]))
     assert paired_ratio.main(["--seq-len", "32", "--attentions", "nope"]) == 2
     assert "unknown attention 'nope'" in capsys.readouterr().err
+    assert paired_ratio.main(["--seq-len", "32", "--attentions", "linear", "--rounds", "6", "--blocks", "4"]) == 2
+    assert "--blocks must be >= 1 and divide --rounds 6, got 4" in capsys.readouterr().err
+    for row in rows:  # each round a pair: the geometric mean of its ratios lies in its own interval
+        assert float(row["paired_low"]) <= float(row["paired"]) <= float(row["paired_high"])
+        assert row["verdict"] == ""  # no target at n = 32
+
+
+def test_interleaved_rounds_rewarm_each_timed_call_with_one_of_its_own():
+    from experiments.bench.paired_ratio import interleaved_seconds
+
+    calls = []
+    steps = [lambda: calls.append("a"), lambda: calls.append("b")]
+    seconds = interleaved_seconds(steps, 2, rewarm=True)
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 2 and [len(times) for times in seconds] == [2, 2]
+    calls.clear()
+    interleaved_seconds(steps, 2)
+    assert calls == ["a", "b"] * 3
+
+
+def test_paired_interval_is_students_t_on_the_log_ratios():
+    from experiments.bench.paired_ratio import paired_interval
+
+    full, mechanism = [10.0, 12.0, 16.0], [5.0, 4.8, 5.0]  # ratios 2, 2.5, 3.2
+    logs = [math.log(2.0), math.log(2.5), math.log(3.2)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)  # t(0.975, 2 degrees of freedom), from the tables
+    got = paired_interval(full, mechanism)
+    assert got == pytest.approx((math.exp(mean), math.exp(mean - half), math.exp(mean + half)), rel=1e-9)
+    assert paired_interval([3.0, 6.0], [1.0, 2.0]) == pytest.approx((3.0, 3.0, 3.0), rel=1e-12)  # no spread
+    point, low, high = paired_interval([3.0], [1.0])
+    assert point == pytest.approx(3.0) and math.isnan(low) and math.isnan(high)
+    # batch means: 6 rounds in 3 blocks of 2, the interval on the 3 blocks' mean log ratios
+    full, mechanism = [10.0, 11.0, 14.0, 15.0, 9.0, 8.0], [5.0, 5.0, 5.0, 5.0, 4.0, 4.0]
+    logs = [math.log(a / b) for a, b in zip(full, mechanism, strict=True)]
+    means = [(logs[0] + logs[1]) / 2, (logs[2] + logs[3]) / 2, (logs[4] + logs[5]) / 2]
+    mean = sum(means) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in means) / 2)
+    half = 4.302652729911275 * sd / math.sqrt(3)
+    got = paired_interval(full, mechanism, blocks=3)
+    assert got == pytest.approx((math.exp(mean), math.exp(mean - half), math.exp(mean + half)), rel=1e-9)
+    with pytest.raises(ValueError, match="divide the 6 rounds, got 4"):
+        paired_interval(full, mechanism, blocks=4)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "bound", "want"),
+    [
+        (2.6, 2.9, {"at_least": 2.5}, "met"),
+        (2.4, 2.6, {"at_least": 2.5}, "inconclusive"),
+        (2.1, 2.4, {"at_least": 2.5}, "missed"),
+        (4.1, 4.4, {"at_most": 4.5}, "met"),
+        (4.4, 4.7, {"at_most": 4.5}, "inconclusive"),
+        (4.6, 4.9, {"at_most": 4.5}, "missed"),
+        (math.nan, math.nan, {"at_least": 2.5}, "inconclusive"),
+    ],
+)
+def test_a_paired_verdict_needs_the_whole_interval_on_one_side(low, high, bound, want):
+    from experiments.bench.paired_ratio import verdict
+
+    assert verdict(low, high, **bound) == want
+
+
+def test_paired_ratio_finds_the_target_and_judges_speedups_at_4096_and_scalings(tmp_path, capsys):
+    from experiments.bench import paired_ratio
+    from experiments.bench.paired_ratio import target_for, verdict
+
+    assert target_for("moba", {"block_size": 128, "top_k": 4}, True).min_speedup == 2.5
+    assert target_for("moba", {"block_size": 64, "top_k": 4}, True) is None
+    out = tmp_path / "speed.csv"
+    assert paired_ratio.main(["--seq-len", "4096", "--heads", "1", "--dim-head", "4", "--rounds", "2", "--blocks", "2",
+                              "--attentions", "linear", "--causal", "--out", str(out)]) == 0  # fmt: skip
+    with out.open() as file:
+        linear = list(csv.DictReader(file))[1]
+    low, high = float(linear["paired_low"]), float(linear["paired_high"])
+    assert float(linear["target"]) == 8.0 and linear["verdict"] == verdict(low, high, at_least=8.0)
+    out = tmp_path / "scaling.csv"
+    entries = "linear,local:window=8,lsh:bucket_size=64"
+    assert paired_ratio.main(["--scaling", "--heads", "1", "--dim-head", "4", "--rounds", "2", "--blocks", "2",
+                              "--attentions", entries, "--out", str(out)]) == 0  # fmt: skip
+    with out.open() as file:
+        rows = list(csv.DictReader(file))
+    assert [r["attention"] for r in rows] == ["linear", "local", "lsh"] and rows[0]["seq_lens"] == "2048/8192"
+    for row in rows:
+        assert float(row["scaling"]) == pytest.approx(float(row["ms_min_long"]) / float(row["ms_min_short"]))
+        assert float(row["paired_low"]) <= float(row["paired"]) <= float(row["paired_high"])
+    assert float(rows[0]["target"]) == 4.5 and rows[0]["verdict"] in ("met", "missed", "inconclusive")
+    assert rows[1]["target"] == "" and rows[1]["verdict"] == ""  # local's target is for window 256
+    assert rows[2]["target"] == ""  # LSH (k = q: its one projection) has a speed target only
+    assert "target 4.5" in capsys.readouterr().out
 
 
 def test_band_profile_times_the_kernels_own_products_at_each_tile(tmp_path):
