@@ -11,10 +11,10 @@ throttled from outside) that drift enters every ratio. Here each round times ful
 the same inputs (core, forward + backward, B = 1, ``--heads``, ``--dim-head``, float32, one thread); with
 ``--scaling``, each mechanism at n = 2048 and then at 8192. Each timed call follows an untimed one of the same
 case, so that it finds the allocator holding blocks of its own sizes: without, a case of 4x the memory right
-after a small one faults its pages in (linear's t(8192) measured 94.5 ms so, 78.3 ms rewarmed, 75.5 in its own
-worker). A round is a pair: its ratio (full / mechanism, or t(8192) / t(2048)) has the machine's speed of that
-minute in both terms. Reported per row: min / min over the rounds (the protocol's ratio of minima), the geometric
-mean of the rounds' ratios with its 95% confidence interval (Student's t, ``scipy.stats.ttest_1samp``, on the
+after a small one faults its pages in, and t(8192) comes out above what its own worker measures. A round is a
+pair: its ratio (full / mechanism, or t(8192) / t(2048)) has the machine's speed of that minute in both terms. Reported
+per row: min / min over the rounds (the protocol's ratio of minima), the geometric
+mean of the rounds' ratios with its 95% confidence interval (Student's t, ``experiments.stats.summarize``, on the
 means of the log ratios over ``--blocks`` runs of consecutive rounds: the machine's drift makes neighbouring
 rounds alike, so single rounds are not independent), and, where the project has a target for the row
 (``experiments/bench/targets.py``), the verdict: ``met`` when the whole interval is on the target's side,
@@ -35,11 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from scipy import stats
 
 import attention_zoo as az
 from experiments.bench.targets import SCALING_NS, SPEEDUP_N, TARGETS, Target
 from experiments.compare.command import parse_attentions
+from experiments.stats import summarize
 
 #: confidence of the paired intervals
 CONFIDENCE = 0.95
@@ -59,11 +59,9 @@ def paired_interval(
     size = len(logs) // blocks
     means = [statistics.fmean(logs[i : i + size]) for i in range(0, len(logs), size)]
     mean = statistics.fmean(logs)
-    if len(means) < 2:
+    if len(means) < 2:  # one block says nothing about the spread
         return math.exp(mean), math.nan, math.nan
-    if max(means) == min(means):  # no spread: the interval is the point
-        return (math.exp(mean),) * 3
-    interval = stats.ttest_1samp(means, 0.0).confidence_interval(CONFIDENCE)
+    interval = summarize(means, CONFIDENCE)
     return math.exp(mean), math.exp(interval.low), math.exp(interval.high)
 
 
