@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -101,9 +102,10 @@ def _step(core: az.AttentionCore, seq_len: int, causal: bool, heads: int, dim_he
 
 
 def _with_interval(row: dict, numerators: list[float], denominators: list[float], blocks: int | None,
-                   target: float | None, bound: str) -> dict:  # fmt: skip
+                   target: float | None, bound: Literal["at_least", "at_most"]) -> dict:  # fmt: skip
     mean, low, high = paired_interval(numerators, denominators, blocks)
-    row.update(paired=mean, paired_low=low, paired_high=high, target=target)
+    row.update(blocks=len(numerators) if blocks is None else blocks, paired=mean, paired_low=low, paired_high=high,
+               target=target)  # fmt: skip
     row["verdict"] = "" if target is None else verdict(low, high, **{bound: target})
     return row
 
