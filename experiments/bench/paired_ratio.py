@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from rich.console import Console
+from rich.progress import Progress
 
 import attention_zoo as az
 from experiments.bench.targets import SCALING_NS, SPEEDUP_N, TARGETS, Target
@@ -119,6 +121,7 @@ def measure(
     blocks: int | None = None,
     heads: int = 8,
     dim_head: int = 64,
+    on_round: Callable[[], None] | None = None,
 ) -> list[dict]:
     """One row per entry (full first): min and max ms over the rounds, the speedup min(full) / min(it), and the
     rounds' paired speedups full / it: their geometric mean, its interval (over ``blocks``, as
@@ -128,7 +131,7 @@ def measure(
     cores = [az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=seq_len, **options)
              for name, options in entries]  # fmt: skip
     steps = [_step(core, seq_len, causal, heads, dim_head) for core in cores]
-    seconds = interleaved_seconds(steps, rounds, rewarm=True)
+    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
     rows = []
     for (name, options), times in zip(entries, seconds, strict=True):
         target = target_for(name, options, causal)
@@ -148,6 +151,7 @@ def measure_scaling(
     blocks: int | None = None,
     heads: int = 8,
     dim_head: int = 64,
+    on_round: Callable[[], None] | None = None,
 ) -> list[dict]:
     """One row per entry: each mechanism at n = 2048 and 8192 (``SCALING_NS``), one after the other in every round;
     min(t(8192)) / min(t(2048)), and the rounds' paired ratios: their geometric mean, interval and verdict."""
@@ -158,7 +162,7 @@ def measure_scaling(
         for n in (short, long):
             core = az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=n, **options)
             steps.append(_step(core, n, causal, heads, dim_head))
-    seconds = interleaved_seconds(steps, rounds, rewarm=True)
+    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
     rows = []
     for index, (name, options) in enumerate(entries):
         at_short, at_long = seconds[2 * index], seconds[2 * index + 1]
@@ -171,11 +175,18 @@ def measure_scaling(
     return rows
 
 
-def interleaved_seconds(steps: list[Callable[[], None]], rounds: int, *, rewarm: bool = False) -> list[list[float]]:
+def interleaved_seconds(
+    steps: list[Callable[[], None]],
+    rounds: int,
+    *,
+    rewarm: bool = False,
+    on_round: Callable[[], None] | None = None,
+) -> list[list[float]]:
     """Each step's call times, in seconds, over ``rounds`` rounds that call every step once in turn, after one
     warm-up round: a drift of the machine's speed then reaches every step alike. ``rewarm``: each timed call
     right after an untimed one of the same step, so that it finds the allocator holding blocks of its own sizes
-    rather than the previous step's (without, a step of 4x the memory after a small one faults its pages in)."""
+    rather than the previous step's (without, a step of 4x the memory after a small one faults its pages in).
+    ``on_round``: called after each timed round (a progress bar)."""
     for call in steps:
         call()
     seconds: list[list[float]] = [[] for _ in steps]
@@ -186,6 +197,8 @@ def interleaved_seconds(steps: list[Callable[[], None]], rounds: int, *, rewarm:
             start = time.perf_counter()
             call()
             times.append(time.perf_counter() - start)
+        if on_round is not None:
+            on_round()
     return seconds
 
 
@@ -215,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     shape = dict(causal=args.causal, heads=args.heads, dim_head=args.dim_head, rounds=args.rounds, blocks=args.blocks)
     try:  # an unknown mechanism or a bad option is refused when its core is built, before any timing
         entries = [(name, options or {}) for name, options in parse_attentions(args.attentions)]
-        rows = measure_scaling(entries, **shape) if args.scaling else measure(entries, seq_len=args.seq_len, **shape)
+        # on stderr and gone when done, so that the table on stdout stays what `tee` keeps
+        with Progress(console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("paired rounds", total=args.rounds)
+            shape["on_round"] = lambda: progress.advance(task)
+            rows = (measure_scaling(entries, **shape) if args.scaling
+                    else measure(entries, seq_len=args.seq_len, **shape))  # fmt: skip
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

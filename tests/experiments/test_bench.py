@@ -511,8 +511,8 @@ def test_interleaved_rounds_rewarm_each_timed_call_with_one_of_its_own():
     seconds = interleaved_seconds(steps, 2, rewarm=True)
     assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 2 and [len(times) for times in seconds] == [2, 2]
     calls.clear()
-    interleaved_seconds(steps, 2)
-    assert calls == ["a", "b"] * 3
+    interleaved_seconds(steps, 2, on_round=lambda: calls.append("round"))
+    assert calls == ["a", "b"] + ["a", "b", "round"] * 2
 
 
 def test_paired_interval_is_students_t_on_the_log_ratios():
