@@ -84,15 +84,14 @@ def target_for(attention: str, options: dict, causal: bool) -> Target | None:
     return next((t for t in TARGETS if (t.attention, t.options, t.causal) == (attention, options, causal)), None)
 
 
-def _inputs(seq_len: int, heads: int, dim_head: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _inputs(seq_len: int, heads: int, dim_head: int) -> list[torch.Tensor]:
+    """q, k, v (leaves) and the output's gradient, shared by every core timed at this length."""
     torch.manual_seed(0)
-    return [torch.randn(1, heads, seq_len, dim_head, requires_grad=True) for _ in range(3)], torch.randn(
-        1, heads, seq_len, dim_head
-    )
+    return [torch.randn(1, heads, seq_len, dim_head, requires_grad=i < 3) for i in range(4)]
 
 
-def _step(core: az.AttentionCore, seq_len: int, causal: bool, heads: int, dim_head: int) -> Callable[[], None]:
-    (q, k, v), grad = _inputs(seq_len, heads, dim_head)
+def _step(core: az.AttentionCore, inputs: list[torch.Tensor], causal: bool) -> Callable[[], None]:
+    q, k, v, grad = inputs
     if core.needs_shared_qk:  # one projection for queries and keys (LSH): the same tensor
         k = q
 
@@ -130,7 +129,8 @@ def measure(
     entries = [("full", {}), *entries]
     cores = [az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=seq_len, **options)
              for name, options in entries]  # fmt: skip
-    steps = [_step(core, seq_len, causal, heads, dim_head) for core in cores]
+    inputs = _inputs(seq_len, heads, dim_head)
+    steps = [_step(core, inputs, causal) for core in cores]
     seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
     rows = []
     for (name, options), times in zip(entries, seconds, strict=True):
@@ -157,11 +157,12 @@ def measure_scaling(
     min(t(8192)) / min(t(2048)), and the rounds' paired ratios: their geometric mean, interval and verdict."""
     torch.set_num_threads(1)
     short, long = SCALING_NS
+    inputs = {n: _inputs(n, heads, dim_head) for n in (short, long)}
     steps = []
     for name, options in entries:
         for n in (short, long):
             core = az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=n, **options)
-            steps.append(_step(core, n, causal, heads, dim_head))
+            steps.append(_step(core, inputs[n], causal))
     seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
     rows = []
     for index, (name, options) in enumerate(entries):
