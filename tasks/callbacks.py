@@ -84,10 +84,14 @@ class SpeedAndMemory(pl.Callback):
         self.seconds_total = 0.0
         self._step_start = 0.0
         self.start_memory_mb = float("nan")
+        self.device = torch.device("cpu")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        reset_peak_memory(pl_module.device)
-        self.start_memory_mb = current_memory_mb(pl_module.device)
+        # the device trained on, kept: at on_fit_end (where the summary is read) Lightning's teardown has already
+        # moved the module back to the CPU, and its device would make a CUDA run report the process's resident set
+        self.device = pl_module.device
+        reset_peak_memory(self.device)
+        self.start_memory_mb = current_memory_mb(self.device)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int):
         _synchronize(pl_module.device)
@@ -120,9 +124,9 @@ class SpeedAndMemory(pl.Callback):
             rate = self.tokens_total / self.seconds_total
         else:
             rate = sum(t for t, _ in self.window) / max(sum(s for _, s in self.window), 1e-9)
-        memory, start = peak_memory_mb(pl_module.device), self.start_memory_mb
+        memory, start = peak_memory_mb(self.device), self.start_memory_mb
         if trainer.world_size > 1:
-            device = pl_module.device
+            device = self.device
             reduce = lambda value, op: float(trainer.strategy.reduce(torch.tensor(value, device=device), reduce_op=op))
             rate, memory, start = reduce(rate, "sum"), reduce(memory, "max"), reduce(start, "max")
         return {"tokens_per_s": rate, "peak_mem_mb": memory, "fit_start_mem_mb": start}
