@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import sys
 import typing
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ import yaml
 from rich.markdown import Markdown
 
 import attention_zoo as az
-from experiments.bench import tables, targets
+from experiments.bench import paired_targets, tables, targets
 from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner
@@ -82,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--check-targets",
         action="store_true",
         help="run the performance-target cases (of the --attentions named, default all) and print them",
+    )
+    parser.add_argument(
+        "--paired-rounds",
+        type=int,
+        default=0,
+        help="with --check-targets: after the sweep, time every speedup and scaling target interleaved with its "
+        "baseline for this many rounds and judge it on its 95%% interval (experiments/bench/paired_targets.py; "
+        "default 0: not run)",
+    )
+    parser.add_argument(
+        "--paired-blocks", type=int, default=4, help="runs of rounds the paired intervals are over (default 4)"
     )
     parser.add_argument(
         "--launcher", choices=["local", "ray"], default="local", help="local: one case after another; ray: Ray tasks"
@@ -159,6 +171,13 @@ def main(argv: list[str]) -> int:
     if args.launcher == "local" and (args.ray_address is not None or args.run_cpus is not None):
         print("zoo bench: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
         return 2
+    if args.paired_rounds and not args.check_targets:
+        print("zoo bench: error: --paired-rounds goes with --check-targets (zoo targets)", file=sys.stderr)
+        return 2
+    if args.paired_rounds < 0 or args.paired_blocks < 1 or args.paired_rounds % args.paired_blocks:
+        print(f"zoo bench: error: --paired-rounds must be >= 0 and a multiple of --paired-blocks (>= 1), got "
+              f"{args.paired_rounds} and {args.paired_blocks}", file=sys.stderr)  # fmt: skip
+        return 2
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:
@@ -189,6 +208,13 @@ def main(argv: list[str]) -> int:
     if args.check_targets:
         for threads in config.threads:
             out.print(targets.targets_table(results, names, threads))
+        paired_path = Path(args.out) / paired_targets.PAIRED_FILE
+        chosen = targets.selected(names)
+        if args.paired_rounds and not args.report_only:
+            rounds = dict(rounds=args.paired_rounds, blocks=args.paired_blocks)
+            out.print(paired_targets.table(paired_targets.run(chosen, paired_path, **rounds), chosen))
+        elif paired_path.exists():
+            out.print(paired_targets.table(paired_targets.read_rows(paired_path), chosen))
     else:
         keys = {c.key() for c in cases}
         swept = [row for key, row in results.items() if key in keys]

@@ -46,6 +46,8 @@ from experiments.stats import summarize
 
 #: confidence of the paired intervals
 CONFIDENCE = 0.95
+#: what :func:`verdict` says of an interval against a target
+VERDICTS = ("met", "missed", "inconclusive")
 
 
 def paired_interval(

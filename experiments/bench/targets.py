@@ -14,6 +14,8 @@ single-thread matmul peak that the sweep measures (at the minimum time, as the s
 With ``--rounds R`` every case is measured in R rounds of the whole sweep and its fastest round counts, so that
 a mechanism and its baseline each get the machine's fast minutes (a ratio of two cases timed minutes apart moves
 with the machine's drift: rows 10% clear of their line flipped from one single-round sweep to the next).
+``--paired-rounds R`` then times every speedup and scaling row interleaved with its baseline in one process and
+judges it on its 95% interval (:mod:`experiments.bench.paired_targets`): met, missed or inconclusive.
 
 The memory peak is the bytes torch's allocator handed out (``allocated_peak_mb``, as CUDA's figure is); the
 resident-set growth (``peak_mb``) is shown beside it, and checked for rows stored before the allocated peak was

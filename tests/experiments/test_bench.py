@@ -588,6 +588,81 @@ def test_paired_ratio_finds_the_target_and_judges_speedups_at_4096_and_scalings(
     assert "target 4.5" in capsys.readouterr().out
 
 
+def test_paired_targets_group_each_target_by_its_bound_and_causality():
+    from experiments.bench.paired_targets import entries
+
+    moba, performer = {"block_size": 128, "top_k": 4}, {"nb_features": 256}
+    assert entries(list(targets.TARGETS), "speed", True) == [("moba", moba), ("performer", performer), ("linear", {})]
+    assert entries(list(targets.TARGETS), "scaling", True) == [("moba", moba), ("performer", performer), ("linear", {})]
+    speed, scaling = (entries(list(targets.TARGETS), kind, False) for kind in ("speed", "scaling"))
+    assert ("lsh", {"n_hashes": 4, "bucket_size": 64}) in speed and all(name != "lsh" for name, _ in scaling)
+    assert len(speed) == 8 and len(scaling) == 7
+
+
+def test_paired_targets_measure_each_group_once_and_resume_from_the_file(tmp_path, monkeypatch):
+    from experiments.bench import paired_ratio, paired_targets
+
+    chosen = [targets.Target("linear", {}, min_speedup=25.0, max_scaling=4.5)]
+    path = tmp_path / "targets" / paired_targets.PAIRED_FILE
+    tiny = dict(rounds=2, blocks=2, heads=1, dim_head=4)
+    rows = paired_targets.run(chosen, path, **tiny)
+    assert sorted(row["kind"] for row in rows) == ["scaling", "speed"] and len(path.read_text().splitlines()) == 2
+    for row in rows:
+        assert row["attention"] == "linear" and (row["rounds"], row["blocks"]) == (2, 2)
+        assert row["paired_low"] <= row["paired"] <= row["paired_high"] and row["verdict"] in paired_ratio.VERDICTS
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a group already in the file was measured again")
+
+    monkeypatch.setattr(paired_ratio, "measure", refuse)
+    monkeypatch.setattr(paired_ratio, "measure_scaling", refuse)
+    assert paired_targets.run(chosen, path, **tiny) == rows  # both groups read back, nothing timed
+    with pytest.raises(AssertionError, match="measured again"):  # other rounds: measured anew
+        paired_targets.run(chosen, path, **(tiny | {"rounds": 4}))
+    with pytest.raises(ValueError, match="multiple of the blocks"):
+        paired_targets.run(chosen, path, **(tiny | {"rounds": 3}))
+
+
+def test_paired_targets_table_gives_each_bound_its_interval_and_verdict():
+    from experiments.bench import paired_targets
+
+    chosen = [targets.Target("linear", {}, min_speedup=25.0, max_scaling=4.5),
+              targets.Target("lsh", {"n_hashes": 4}, min_speedup=2.0)]  # fmt: skip
+    rows = [{"kind": "speed", "causal": False, "attention": "linear", "options": {}, "rounds": 12, "blocks": 4,
+             "paired": 26.0, "paired_low": 25.5, "paired_high": 26.6, "verdict": "met"}]  # fmt: skip
+    console = Console(record=True, width=250)
+    console.print(paired_targets.table(rows, chosen))
+    text = console.export_text()
+    linear, lsh = (line for line in text.splitlines() if line.startswith(("│ linear", "│ lsh")))
+    assert "26.00 [25.50, 26.60]" in linear and "met" in linear and "not measured" in linear  # no scaling row
+    assert "not measured" in lsh and "<=" not in lsh  # LSH has no scaling bound
+    assert "12 rounds in 4 blocks" in text
+
+
+def test_zoo_targets_report_shows_the_paired_rows_its_folder_holds(tmp_path, capsys):
+    from experiments.bench import command, paired_targets
+
+    out = tmp_path / "targets"
+    out.mkdir()
+    row = {"kind": "scaling", "causal": True, "attention": "linear", "options": {}, "rounds": 24, "blocks": 8,
+           "paired": 4.27, "paired_low": 4.02, "paired_high": 4.55, "verdict": "inconclusive"}  # fmt: skip
+    (out / paired_targets.PAIRED_FILE).write_text(json.dumps(row) + "\n")
+    assert command.targets_main(["--report-only", "--attentions", "linear", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "24 rounds in 8 blocks" in text and "4.27 [4.02, 4.55]" in text and "inconclusive" in text
+
+
+def test_zoo_targets_refuses_paired_rounds_it_cannot_split_before_writing_anything(tmp_path, capsys):
+    from experiments.bench import command
+
+    out = tmp_path / "targets"
+    assert command.targets_main(["--paired-rounds", "6", "--paired-blocks", "4", "--out", str(out)]) == 2
+    assert "--paired-rounds must be >= 0 and a multiple of --paired-blocks" in capsys.readouterr().err
+    assert command.main(["--paired-rounds", "4", "--out", str(out)]) == 2
+    assert "--paired-rounds goes with --check-targets" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_band_profile_times_the_kernels_own_products_at_each_tile(tmp_path):
     from experiments.bench import band_profile
 
