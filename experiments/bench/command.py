@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--paired-blocks", type=int, default=4, help="runs of rounds the paired intervals are over (default 4)"
     )
     parser.add_argument(
+        "--paired-keep-freed",
+        action="store_true",
+        help="the paired rows with glibc keeping freed memory (experiments/bench/allocator.py; rows kept apart)",
+    )
+    parser.add_argument(
         "--launcher", choices=["local", "ray"], default="local", help="local: one case after another; ray: Ray tasks"
     )
     parser.add_argument("--ray-address", help="ray: auto, ray://host:port or host:port (default: a local Ray)")
@@ -171,8 +176,9 @@ def main(argv: list[str]) -> int:
     if args.launcher == "local" and (args.ray_address is not None or args.run_cpus is not None):
         print("zoo bench: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
         return 2
-    if args.paired_rounds and not args.check_targets:
-        print("zoo bench: error: --paired-rounds goes with --check-targets (zoo targets)", file=sys.stderr)
+    if (args.paired_rounds or args.paired_keep_freed) and not args.check_targets:
+        print("zoo bench: error: --paired-rounds and --paired-keep-freed go with --check-targets (zoo targets)",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.paired_rounds < 0 or args.paired_blocks < 1 or args.paired_rounds % args.paired_blocks:
         print(f"zoo bench: error: --paired-rounds must be >= 0 and a multiple of --paired-blocks (>= 1), got "
@@ -210,11 +216,12 @@ def main(argv: list[str]) -> int:
             out.print(targets.targets_table(results, names, threads))
         paired_path = Path(args.out) / paired_targets.PAIRED_FILE
         chosen = targets.selected(names)
+        allocator = "keep-freed" if args.paired_keep_freed else "default"
         if args.paired_rounds and not args.report_only:
-            rounds = dict(rounds=args.paired_rounds, blocks=args.paired_blocks)
-            out.print(paired_targets.table(paired_targets.run(chosen, paired_path, **rounds), chosen))
+            settings = dict(rounds=args.paired_rounds, blocks=args.paired_blocks, keep_freed=args.paired_keep_freed)
+            out.print(paired_targets.table(paired_targets.run(chosen, paired_path, **settings), chosen, allocator))
         elif paired_path.exists():
-            out.print(paired_targets.table(paired_targets.read_rows(paired_path), chosen))
+            out.print(paired_targets.table(paired_targets.read_rows(paired_path), chosen, allocator))
     else:
         keys = {c.key() for c in cases}
         swept = [row for key, row in results.items() if key in keys]

@@ -20,7 +20,8 @@ rounds alike, so single rounds are not independent), and, where the project has 
 (``experiments/bench/targets.py``), the verdict: ``met`` when the whole interval is on the target's side,
 ``missed`` when it is wholly on the other, ``inconclusive`` otherwise. The interval covers the minutes of one
 run: the machine moves between runs, so a verdict near the line wants runs apart to agree. Time only: memory
-needs a process per case (``zoo targets``).
+needs a process per case (``zoo targets``). ``--keep-freed``: glibc keeps the memory freed between calls
+(:mod:`experiments.bench.allocator`), so that no call faults its pages in afresh.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import attention_zoo as az
+from experiments.bench.allocator import keep_freed_memory
 from experiments.bench.targets import SCALING_NS, SPEEDUP_N, TARGETS, Target
 from experiments.compare.command import parse_attentions
 from experiments.stats import summarize
@@ -220,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=4, help="runs of rounds the interval is over (default 4)")
     parser.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
     parser.add_argument("--dim-head", type=int, default=64, help="head dimension D (default 64)")
+    parser.add_argument(
+        "--keep-freed",
+        action="store_true",
+        help="glibc keeps freed memory first (experiments/bench/allocator.py): no call faults pages in",
+    )
     parser.add_argument("--out", type=Path, default=None, help="a CSV to append the rows to (default: none)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seq_len < 1:
@@ -231,16 +238,19 @@ def main(argv: list[str] | None = None) -> int:
     shape = dict(causal=args.causal, heads=args.heads, dim_head=args.dim_head, rounds=args.rounds, blocks=args.blocks)
     try:  # an unknown mechanism or a bad option is refused when its core is built, before any timing
         entries = [(name, options or {}) for name, options in parse_attentions(args.attentions)]
+        if args.keep_freed:
+            keep_freed_memory()
         # on stderr and gone when done, so that the table on stdout stays what `tee` keeps
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("paired rounds", total=args.rounds)
             shape["on_round"] = lambda: progress.advance(task)
             rows = (measure_scaling(entries, **shape) if args.scaling
                     else measure(entries, seq_len=args.seq_len, **shape))  # fmt: skip
-    except ValueError as error:
+    except (ValueError, RuntimeError) as error:  # RuntimeError: no glibc to keep freed memory
         print(f"error: {error}", file=sys.stderr)
         return 2
     for row in rows:
+        row["allocator"] = "keep-freed" if args.keep_freed else "default"
         label = row["attention"] + (f" {row['options']}" if row["options"] else "") + (" causal" * row["causal"])
         if args.scaling:
             print(f"{label:48s} {row['ms_min_short']:8.1f} -> {row['ms_min_long']:8.1f} ms  {row['scaling']:5.2f}  "

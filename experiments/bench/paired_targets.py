@@ -8,6 +8,9 @@ every round, and gives each row its 95% interval and a verdict (``met`` / ``miss
 is on one side of the target, else ``inconclusive``). Time only, one thread (memory needs a worker per case: the
 sweep's). The rows go to ``paired.jsonl`` in the sweep's folder; a rerun with the same rounds and blocks reuses
 the groups already there (each of the four groups, speed or scaling, causal or not, is one interleaved run).
+``--paired-keep-freed`` measures them with glibc keeping freed memory (:mod:`experiments.bench.allocator`), rows
+kept apart from the default allocator's: without it, calls of tens of MiB fault a varying number of pages in,
+which widens the intervals of the rows whose time at n = 8192 is short.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from experiments.bench import paired_ratio
+from experiments.bench.allocator import keep_freed_memory
 from experiments.bench.targets import SPEEDUP_N, Target
 
 PAIRED_FILE = "paired.jsonl"
@@ -36,7 +40,8 @@ def entries(targets: list[Target], kind: Kind, causal: bool) -> list[tuple[str, 
 
 
 def _key(row: dict) -> tuple:
-    return row["kind"], row["causal"], row["attention"], json.dumps(row["options"], sort_keys=True)
+    allocator = row.get("allocator", "default")
+    return allocator, row["kind"], row["causal"], row["attention"], json.dumps(row["options"], sort_keys=True)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -57,21 +62,28 @@ def run(
     *,
     rounds: int,
     blocks: int,
+    keep_freed: bool = False,
     heads: int = 8,
     dim_head: int = 64,
     console: Console | None = None,
 ) -> list[dict]:
-    """Measure each group that ``path`` does not already hold at these rounds and blocks, append its rows, and
-    return every row of the targets (the speed groups' ``full`` rows left out)."""
+    """Measure each group that ``path`` does not already hold at these rounds, blocks and allocator setting, append
+    its rows, and return every row of the targets (the speed groups' ``full`` rows left out). ``keep_freed``: glibc
+    keeps freed memory first (:func:`experiments.bench.allocator.keep_freed_memory`, for the rest of the process);
+    rows say which (``allocator``: ``default`` or ``keep-freed``)."""
     if blocks < 1 or rounds < 1 or rounds % blocks:
         raise ValueError(f"paired rounds must be >= 1 and a multiple of the blocks (>= 1), got {rounds} and {blocks}")
+    allocator = "keep-freed" if keep_freed else "default"
     done = {_key(row): row for row in read_rows(path) if (row["rounds"], row["blocks"]) == (rounds, blocks)}
+    key = lambda kind, causal, attention, options: _key({"allocator": allocator, "kind": kind, "causal": causal,
+                                                         "attention": attention, "options": options})  # fmt: skip
     todo = []
     for kind, causal in GROUPS:
         group = entries(targets, kind, causal)
-        if group and any(_key({"kind": kind, "causal": causal, "attention": a, "options": o}) not in done
-                         for a, o in group):  # fmt: skip
+        if group and any(key(kind, causal, a, o) not in done for a, o in group):
             todo.append((kind, causal, group))
+    if todo and keep_freed:
+        keep_freed_memory()
     shape = dict(rounds=rounds, blocks=blocks, heads=heads, dim_head=dim_head)
     with Progress(console=console or Console(stderr=True), transient=True) as progress:
         for kind, causal, group in todo:
@@ -83,30 +95,32 @@ def run(
                                             **shape)  # fmt: skip
             else:
                 rows = paired_ratio.measure_scaling(group, causal=causal, on_round=on_round, **shape)
-            rows = [{"kind": kind, **row} for row in rows if row["attention"] != "full"]  # the baseline's own row
+            rows = [{"allocator": allocator, "kind": kind, **row} for row in rows if row["attention"] != "full"]
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as file:  # a group at a time: an interruption keeps the groups measured
                 file.writelines(json.dumps(row) + "\n" for row in rows)
             done.update((_key(row), row) for row in rows)
-    wanted = {_key({"kind": k, "causal": c, "attention": a, "options": o})
-              for k, c in GROUPS for a, o in entries(targets, k, c)}  # fmt: skip
+    wanted = {key(k, c, a, o) for k, c in GROUPS for a, o in entries(targets, k, c)}
     return [row for key, row in done.items() if key in wanted]
 
 
-def table(rows: list[dict], targets: list[Target]) -> Table:
-    """One line per target: its paired speedup and scaling, each with its interval and verdict."""
+def table(rows: list[dict], targets: list[Target], allocator: str = "default") -> Table:
+    """One line per target: its paired speedup and scaling measured with this ``allocator`` setting, each with its
+    interval and verdict."""
+    rows = [row for row in rows if row.get("allocator", "default") == allocator]
     by_key = {_key(row): row for row in rows}
     rounds = sorted({(row["rounds"], row["blocks"]) for row in rows})
     title = "paired intervals (95%, one process, interleaved"
-    title += "".join(f"; {r} rounds in {b} blocks" for r, b in rounds) + ")"
+    title += "".join(f"; {r} rounds in {b} blocks" for r, b in rounds)
+    title += "; glibc keeping freed memory)" if allocator == "keep-freed" else ")"
     result = Table(title=title)
     for header in ("attention", "options", "speedup [95%]", "target", "verdict", "t(8192)/t(2048) [95%]", "target",
                    "verdict"):  # fmt: skip
         result.add_column(header)
 
     def cells(kind: Kind, target: Target, bound: float | None, sign: str) -> list[str]:
-        row = by_key.get(_key({"kind": kind, "causal": target.causal, "attention": target.attention,
-                               "options": target.options}))  # fmt: skip
+        row = by_key.get(_key({"allocator": allocator, "kind": kind, "causal": target.causal,
+                               "attention": target.attention, "options": target.options}))  # fmt: skip
         if bound is None:
             return ["-", "-", "-"]
         if row is None:

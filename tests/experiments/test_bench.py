@@ -10,6 +10,10 @@ import dataclasses
 import io
 import json
 import math
+import platform
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -659,8 +663,58 @@ def test_zoo_targets_refuses_paired_rounds_it_cannot_split_before_writing_anythi
     assert command.targets_main(["--paired-rounds", "6", "--paired-blocks", "4", "--out", str(out)]) == 2
     assert "--paired-rounds must be >= 0 and a multiple of --paired-blocks" in capsys.readouterr().err
     assert command.main(["--paired-rounds", "4", "--out", str(out)]) == 2
-    assert "--paired-rounds goes with --check-targets" in capsys.readouterr().err
+    assert "--paired-rounds and --paired-keep-freed go with --check-targets" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_keep_freed_memory_makes_a_freed_block_of_64_mib_come_back_without_page_faults(tmp_path):
+    # in a child process: the setting lasts for the process's life
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's malloc only")
+    script = tmp_path / "faults.py"
+    script.write_text(
+        textwrap.dedent("""
+        import resource, sys
+        import torch
+        from experiments.bench.allocator import keep_freed_memory
+        if sys.argv[1] == "keep":
+            keep_freed_memory()
+        faults = []
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            block = torch.ones(16 * 2**20)  # 64 MiB, written whole
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            del block
+        print(faults[-1])
+    """)
+    )
+    pages = 16 * 2**20 * 4 // 4096
+    faults = {}
+    for mode in ("default", "keep"):
+        run = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, check=True)
+        faults[mode] = int(run.stdout.split()[-1])
+    assert faults["default"] >= pages * 0.9  # above glibc's largest mmap threshold: mapped and faulted in afresh
+    assert faults["keep"] < pages * 0.1  # the freed block is reused, resident
+
+
+def test_paired_targets_keep_freed_rows_apart_from_the_default_allocators(tmp_path, monkeypatch):
+    from experiments.bench import paired_targets
+
+    chosen = [targets.Target("linear", {}, min_speedup=25.0)]
+    path = tmp_path / paired_targets.PAIRED_FILE
+    tiny = dict(rounds=2, blocks=2, heads=1, dim_head=4)
+    calls = []
+    monkeypatch.setattr(paired_targets, "keep_freed_memory", lambda: calls.append("kept"))  # not in the test process
+    (default,) = paired_targets.run(chosen, path, **tiny)
+    assert default["allocator"] == "default" and calls == []
+    (kept,) = paired_targets.run(chosen, path, keep_freed=True, **tiny)
+    assert kept["allocator"] == "keep-freed" and calls == ["kept"] and len(path.read_text().splitlines()) == 2
+    assert paired_targets.run(chosen, path, keep_freed=True, **tiny) == [kept] and calls == ["kept"]  # resumed
+    rows = paired_targets.read_rows(path)
+    console = Console(record=True, width=250)
+    console.print(paired_targets.table(rows, chosen, "keep-freed"))
+    text = console.export_text()
+    assert "glibc keeping freed memory" in text and f"{kept['paired']:.2f}" in text
 
 
 def test_band_profile_times_the_kernels_own_products_at_each_tile(tmp_path):
