@@ -6,10 +6,11 @@ the mmap threshold), so a call whose tensors are tens of MiB may find its memory
 fault every page in again: about 0.4 ms per MiB on this project's machines, and how many MiB differs from call to
 call with the heap's layout (0-96 MiB a call for linear attention at n = 8192,
 ``experiments/results/cpu_targets/page_faults/``). :func:`keep_freed_memory` sets both thresholds (``mallopt``):
-no block below 1 GiB (32 MiB where glibc caps the setting) is mapped apart, and the heap is never trimmed, so a
-warm call's memory stays resident and its time is that of its arithmetic and memory traffic. It changes the whole
-process, every mechanism and baseline alike, for its lifetime; tcmalloc and jemalloc, which PyTorch's CPU tuning
-guides recommend, keep freed memory in a similar way.
+no block below 1 GiB (32 MiB where glibc caps the setting) is mapped apart, and the heap is never trimmed. A freed
+block is then reused resident; in a torch process, whose small allocations land between its tensors', a block
+sometimes still extends the heap instead, so most warm calls fault nothing and a few still fault some MiB in (the
+measurements above). It changes the whole process, every mechanism and baseline alike, for its lifetime; tcmalloc
+and jemalloc, which PyTorch's CPU tuning guides recommend, keep freed memory in a similar way.
 """
 
 from __future__ import annotations

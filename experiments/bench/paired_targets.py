@@ -30,6 +30,7 @@ from experiments.bench.targets import SPEEDUP_N, Target
 
 PAIRED_FILE = "paired.jsonl"
 Kind = Literal["speed", "scaling"]
+Allocator = Literal["default", "keep-freed"]
 GROUPS: tuple[tuple[Kind, bool], ...] = (("speed", False), ("speed", True), ("scaling", False), ("scaling", True))
 
 
@@ -68,12 +69,12 @@ def run(
     console: Console | None = None,
 ) -> list[dict]:
     """Measure each group that ``path`` does not already hold at these rounds, blocks and allocator setting, append
-    its rows, and return every row of the targets (the speed groups' ``full`` rows left out). ``keep_freed``: glibc
+    its rows (the speed groups' ``full`` too: the baseline's times), and return the targets' rows. ``keep_freed``: glibc
     keeps freed memory first (:func:`experiments.bench.allocator.keep_freed_memory`, for the rest of the process);
     rows say which (``allocator``: ``default`` or ``keep-freed``)."""
     if blocks < 1 or rounds < 1 or rounds % blocks:
         raise ValueError(f"paired rounds must be >= 1 and a multiple of the blocks (>= 1), got {rounds} and {blocks}")
-    allocator = "keep-freed" if keep_freed else "default"
+    allocator: Allocator = "keep-freed" if keep_freed else "default"
     done = {_key(row): row for row in read_rows(path) if (row["rounds"], row["blocks"]) == (rounds, blocks)}
     key = lambda kind, causal, attention, options: _key({"allocator": allocator, "kind": kind, "causal": causal,
                                                          "attention": attention, "options": options})  # fmt: skip
@@ -95,16 +96,16 @@ def run(
                                             **shape)  # fmt: skip
             else:
                 rows = paired_ratio.measure_scaling(group, causal=causal, on_round=on_round, **shape)
-            rows = [{"allocator": allocator, "kind": kind, **row} for row in rows if row["attention"] != "full"]
+            rows = [{"allocator": allocator, "kind": kind, **row} for row in rows]  # the speed groups' full kept too
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as file:  # a group at a time: an interruption keeps the groups measured
                 file.writelines(json.dumps(row) + "\n" for row in rows)
             done.update((_key(row), row) for row in rows)
     wanted = {key(k, c, a, o) for k, c in GROUPS for a, o in entries(targets, k, c)}
-    return [row for key, row in done.items() if key in wanted]
+    return [row for row_key, row in done.items() if row_key in wanted]
 
 
-def table(rows: list[dict], targets: list[Target], allocator: str = "default") -> Table:
+def table(rows: list[dict], targets: list[Target], allocator: Allocator = "default") -> Table:
     """One line per target: its paired speedup and scaling measured with this ``allocator`` setting, each with its
     interval and verdict."""
     rows = [row for row in rows if row.get("allocator", "default") == allocator]
