@@ -112,6 +112,18 @@ def test_fit_each_task_with_two_mechanisms(task, attention, options, tmp_path, r
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_run_records_the_cuda_allocators_peak(tmp_path, reviews_csv):
+    # Lightning's teardown moves the module to the CPU before on_fit_end, where the record is written: a record that
+    # asked the module for its device wrote the process's resident set (over 1 GB) for a run of a few MB
+    runs = tmp_path / "runs"
+    args = tiny_args("recall", runs, reviews_csv) + ["--model.attention", "full", "--trainer.accelerator", "gpu"]
+    assert cli.main(["fit", *args]) == 0
+    result = record(runs / "recall" / "full" / "version_0")
+    assert result["peak_mem_mb"] == pytest.approx(torch.cuda.max_memory_allocated() / 2**20)
+
+
 def math_finite(value: float) -> bool:
     return value == value and abs(value) != float("inf")
 
