@@ -708,6 +708,18 @@ def test_keep_freed_memory_makes_glibc_reuse_a_freed_block_of_64_mib_without_pag
     assert faults["keep"][0] >= pages * 0.9 and all(f < pages * 0.05 for f in faults["keep"][1:])  # reused, resident
 
 
+def test_paired_ratio_keep_freed_says_so_in_its_rows(tmp_path):
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc's malloc only")
+    out = tmp_path / "kept.csv"
+    tiny = ["--seq-len", "32", "--heads", "1", "--dim-head", "4", "--rounds", "2", "--blocks", "2"]
+    command = [sys.executable, "-m", "experiments.bench.paired_ratio", "--keep-freed", *tiny, "--attentions", "linear",
+               "--out", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True)  # its own process: the setting lasts for its life
+    with out.open() as file:
+        assert [row["allocator"] for row in csv.DictReader(file)] == ["keep-freed", "keep-freed"]  # full, linear
+
+
 def test_paired_targets_keep_freed_rows_apart_from_the_default_allocators(tmp_path, monkeypatch):
     from experiments.bench import paired_targets
 
