@@ -2,7 +2,7 @@
 allocation over 32 MiB in the allocator's history with its Python frames (none were found).
 
     python3 experiments/results/gpu-h100/memory_probe.py -c configs/recall.yaml --model.attention full \
-        --trainer.logger.init_args.save_dir /tmp/pr --trainer.enable_progress_bar false
+        --trainer.logger.init_args.save_dir runs/probe --trainer.enable_progress_bar false
 """
 
 import sys
