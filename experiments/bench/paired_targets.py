@@ -40,21 +40,26 @@ def entries(targets: list[Target], kind: Kind, causal: bool) -> list[tuple[str, 
     return [(t.attention, dict(t.options)) for t in targets if t.causal == causal and getattr(t, bound) is not None]
 
 
-def _key(row: dict) -> tuple:
-    allocator = row.get("allocator", "default")
-    return allocator, row["kind"], row["causal"], row["attention"], json.dumps(row["options"], sort_keys=True)
+def _key(allocator: str, kind: str, causal: bool, attention: str, options: dict) -> tuple:
+    return allocator, kind, causal, attention, json.dumps(options, sort_keys=True)
+
+
+def _row_key(row: dict) -> tuple:
+    return _key(row.get("allocator", "default"), row["kind"], row["causal"], row["attention"], row["options"])
+
+
+def _latest(rows: list[dict]) -> dict[tuple, dict]:
+    """The rows by key, the last of a key winning."""
+    return {_row_key(row): row for row in rows}
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of a ``paired.jsonl`` (none when it does not exist); the last row of a key wins."""
-    if not path.exists():
-        return []
-    latest = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            latest[_key(row)] = row
-    return list(latest.values())
+    return list(_latest(_lines(path)).values())
 
 
 def run(
@@ -75,13 +80,12 @@ def run(
     if blocks < 1 or rounds < 1 or rounds % blocks:
         raise ValueError(f"paired rounds must be >= 1 and a multiple of the blocks (>= 1), got {rounds} and {blocks}")
     allocator: Allocator = "keep-freed" if keep_freed else "default"
-    done = {_key(row): row for row in read_rows(path) if (row["rounds"], row["blocks"]) == (rounds, blocks)}
-    key = lambda kind, causal, attention, options: _key({"allocator": allocator, "kind": kind, "causal": causal,
-                                                         "attention": attention, "options": options})  # fmt: skip
+    # filtered before the last row of a key is taken: rows of other rounds written later do not hide these
+    done = _latest([row for row in _lines(path) if (row["rounds"], row["blocks"]) == (rounds, blocks)])
     todo = []
     for kind, causal in GROUPS:
         group = entries(targets, kind, causal)
-        if group and any(key(kind, causal, a, o) not in done for a, o in group):
+        if group and any(_key(allocator, kind, causal, a, o) not in done for a, o in group):
             todo.append((kind, causal, group))
     if todo and keep_freed:
         keep_freed_memory()
@@ -100,8 +104,8 @@ def run(
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as file:  # a group at a time: an interruption keeps the groups measured
                 file.writelines(json.dumps(row) + "\n" for row in rows)
-            done.update((_key(row), row) for row in rows)
-    wanted = {key(k, c, a, o) for k, c in GROUPS for a, o in entries(targets, k, c)}
+            done.update(_latest(rows))
+    wanted = {_key(allocator, k, c, a, o) for k, c in GROUPS for a, o in entries(targets, k, c)}
     return [row for row_key, row in done.items() if row_key in wanted]
 
 
@@ -109,7 +113,7 @@ def table(rows: list[dict], targets: list[Target], allocator: Allocator = "defau
     """One line per target: its paired speedup and scaling measured with this ``allocator`` setting, each with its
     interval and verdict."""
     rows = [row for row in rows if row.get("allocator", "default") == allocator]
-    by_key = {_key(row): row for row in rows}
+    by_key = _latest(rows)
     rounds = sorted({(row["rounds"], row["blocks"]) for row in rows})
     title = "paired intervals (95%, one process, interleaved"
     title += "".join(f"; {r} rounds in {b} blocks" for r, b in rounds)
@@ -120,8 +124,7 @@ def table(rows: list[dict], targets: list[Target], allocator: Allocator = "defau
         result.add_column(header)
 
     def cells(kind: Kind, target: Target, bound: float | None, sign: str) -> list[str]:
-        row = by_key.get(_key({"allocator": allocator, "kind": kind, "causal": target.causal,
-                               "attention": target.attention, "options": target.options}))  # fmt: skip
+        row = by_key.get(_key(allocator, kind, target.causal, target.attention, target.options))
         if bound is None:
             return ["-", "-", "-"]
         if row is None:

@@ -631,6 +631,11 @@ def test_paired_targets_measure_each_group_once_and_resume_from_the_file(tmp_pat
         paired_targets.run(chosen, path, **(tiny | {"rounds": 4}))
     with pytest.raises(ValueError, match="multiple of the blocks"):
         paired_targets.run(chosen, path, **(tiny | {"rounds": 3}))
+    other = [row | {"rounds": 4} for row in written]  # rows of other rounds, written later, hide nothing
+    with path.open("a") as file:
+        file.writelines(json.dumps(row) + "\n" for row in other)
+    assert paired_targets.run(chosen, path, **tiny) == rows
+    assert {row["rounds"] for row in paired_targets.read_rows(path)} == {4}  # the report: the last row of a key
 
 
 def test_paired_targets_table_gives_each_bound_its_interval_and_verdict():
