@@ -146,6 +146,9 @@ class AttentionCore(nn.Module):
     #: second-order gradients through the core are exact (gradient penalties, Hessian-vector products);
     #: without it, a backward with create_graph=True through the core raises :class:`DoubleBackwardError`
     supports_double_backward: ClassVar[bool] = False
+    #: a position's output reads other positions (every attention); False only for the ``self_only`` control,
+    #: whose output is the position's own value vector, so queries and keys get zero gradients
+    mixes_positions: ClassVar[bool] = True
 
     def __init__(self, geometry: Geometry) -> None:
         super().__init__()

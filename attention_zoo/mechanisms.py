@@ -10,5 +10,6 @@ from attention_zoo import (  # noqa: F401
     moba,  # noqa: F401
     nystrom,  # noqa: F401
     performer,  # noqa: F401
+    self_only,  # noqa: F401
     sparse,  # noqa: F401
 )

@@ -89,13 +89,13 @@ def list_attentions(
     cache of its own; every causal core can decode by recomputing), ``double_backward`` ``supports_double_backward``,
     ``position_free_queries`` the attribute of that name. ``list_attentions(causal=True, decoding=False)``: the
     causal cores that decode by recomputation."""
-    wanted = {
-        CAPABILITY_FILTERS[name]: value
-        for name, value in (("causal", causal), ("mask", mask), ("cross", cross), ("decoding", decoding),
-                            ("double_backward", double_backward), ("position_free_queries", position_free_queries))
-        if value is not None
-    }  # fmt: skip
-    return names_with(**wanted)
+    given = (("causal", causal), ("mask", mask), ("cross", cross), ("decoding", decoding),
+             ("double_backward", double_backward), ("position_free_queries", position_free_queries))  # fmt: skip
+    for name, value in given:
+        if value is not None and not isinstance(value, bool):
+            # 'yes', 1 or 'false' would compare unequal to every capability and list nothing
+            raise ValueError(f"list_attentions: {name} must be True, False or None, got {value!r}")
+    return names_with(**{CAPABILITY_FILTERS[name]: value for name, value in given if value is not None})
 
 
 def get_attention_class(name: str) -> type[AttentionCore]:

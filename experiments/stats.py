@@ -14,9 +14,19 @@ verdict follows one rule, with an equivalence margin δ in the metric's units:
 3. else ``inconclusive``;
 4. the reference itself is ``reference``.
 
-With fewer than two shared seeds the verdict is ``inconclusive`` (there is no spread to test against). When every
-seed gives the same difference (zero variance) the intervals are that one point: ``on par`` if |d| ≤ δ, else
-``better`` or ``worse``. Overlapping per-mechanism intervals are never read as equivalence.
+A difference's intervals are clipped to what it can take (for accuracy, ``[-1, 1]``). Beside each verdict the
+summaries give the **smallest margin at which ``on par`` would hold**, ``max(|low90|, |high90|)``, so a reader can
+apply their own δ. Overlapping per-mechanism intervals are never read as equivalence.
+
+Edge cases. With fewer than two shared seeds the verdict is ``inconclusive`` (there is no spread to test against).
+When every seed gives the same difference (no spread beyond floating-point rounding: max - min ≤ 1e-12 times the
+largest |value|, so 0.4 - 0.3 and 0.1 - 0.0 are alike) the t-statistic is undefined, and the exact sign-flip
+(randomisation) test takes the t-test's place: it assumes nothing about the spread, and for n equal nonzero
+differences its two-sided p-value is 2^(1-n) (0.25 at n = 3, 0.0625 at 5, 0.031 at 6), the smallest any test of n
+paired seeds can give; for a zero difference p = 1. Its intervals are that test inverted: the point d where
+2^(1-n) is below the interval's α (95%: n ≥ 6; 90%: n ≥ 5), else every value the difference can take. The rule
+above then applies unchanged, so a constant difference is ``on par`` from 5 seeds and a direction from 6, and a
+difference of exactly zero is never a direction.
 """
 
 from __future__ import annotations
@@ -133,6 +143,23 @@ class PairedDifference:
     verdict: Verdict
     reason: str
 
+    @property
+    def on_par_margin(self) -> float:
+        """The smallest δ at which the verdict would be ``on par``: the largest absolute end of the 90% interval
+        (NaN with fewer than two seeds; inf where the interval is unbounded)."""
+        return max(abs(self.low90), abs(self.high90))
+
+
+def difference_bounds(bounds: tuple[float | None, float | None]) -> tuple[float | None, float | None]:
+    """The range of a difference of two values in ``bounds``: [lo - hi, hi - lo] when both ends are known, else
+    unbounded (a loss >= 0 can differ by any amount)."""
+    low, high = bounds
+    return (None, None) if low is None or high is None else (low - high, high - low)
+
+
+#: relative spread of the differences below which they count as one value (floating-point rounding)
+SAME_DIFFERENCE_RTOL = 1e-12
+
 
 def paired_difference(
     values: Mapping[int, float | None],
@@ -140,13 +167,16 @@ def paired_difference(
     *,
     margin: float | None,
     higher_is_better: bool,
+    bounds: tuple[float | None, float | None] = (None, None),
 ) -> PairedDifference:
     """Compare ``values`` with ``reference`` (both seed -> metric) over the seeds both have a finite value for,
-    and give the verdict of the module's rule. ``margin`` None: no equivalence test (never ``on par``)."""
+    and give the verdict of the module's rule. ``margin`` None: no equivalence test (never ``on par``).
+    ``bounds``: the metric's range (:func:`metric_bounds`); the intervals are clipped to the difference's."""
     if margin is not None and not margin >= 0:
         raise ValueError(f"the equivalence margin must be >= 0, got {margin}")
     seeds = sorted(s for s in values if s in reference and len(_finite([values[s], reference[s]])) == 2)
-    differences = [float(values[s]) - float(reference[s]) for s in seeds]  # type: ignore[arg-type]
+    pairs = [(float(values[s]), float(reference[s])) for s in seeds]  # type: ignore[arg-type]
+    differences = [a - b for a, b in pairs]
     n = len(differences)
     nan = float("nan")
     if n < 2:
@@ -154,18 +184,29 @@ def paired_difference(
         reason = "one shared seed: no spread to test against" if n else "no seed shared with the reference"
         return PairedDifference(n, mean, nan, nan, nan, nan, nan, margin, "inconclusive", reason)
     mean = sum(differences) / n
-    std = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
-    if std == 0:
-        within = margin is not None and abs(mean) <= margin
-        verdict: Verdict = "on par" if within else _direction(mean, higher_is_better)
-        p_value = 1.0 if mean == 0 else 0.0
-        reason = f"every seed gives the same difference {mean:+.4g}"
-        return PairedDifference(n, mean, mean, mean, mean, mean, p_value, margin, verdict, reason)
-    error = std / math.sqrt(n)
-    half95 = float(stats.t.ppf(0.975, n - 1)) * error
-    half90 = float(stats.t.ppf(0.95, n - 1)) * error
-    p_value = float(stats.ttest_rel([values[s] for s in seeds], [reference[s] for s in seeds]).pvalue)
-    low, high, low90, high90 = mean - half95, mean + half95, mean - half90, mean + half90
+    rounding = SAME_DIFFERENCE_RTOL * max(abs(x) for pair in pairs for x in pair)
+    if max(differences) - min(differences) <= rounding:
+        mean = 0.0 if abs(mean) <= rounding else mean
+        smallest_p = 2.0 ** (1 - n)  # every sign flip but the observed one and its mirror moves the mean
+        p_value = 1.0 if mean == 0 else smallest_p
+        low, high = (mean, mean) if smallest_p < 0.05 else (-math.inf, math.inf)
+        low90, high90 = (mean, mean) if smallest_p < 0.10 else (-math.inf, math.inf)
+        basis = (
+            f"every seed gives the same difference {mean:+.4g}, so no t-test; the exact sign-flip test of {n} seeds "
+            f"gives p = {p_value:.3g} (a constant difference is on par from 5 seeds, a direction from 6): "
+        )
+    else:
+        std = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
+        error = std / math.sqrt(n)
+        half95 = float(stats.t.ppf(0.975, n - 1)) * error
+        half90 = float(stats.t.ppf(0.95, n - 1)) * error
+        p_value = float(2 * stats.t.sf(abs(mean) / error, n - 1))
+        low, high, low90, high90 = mean - half95, mean + half95, mean - half90, mean + half90
+        basis = ""
+    floor, ceiling = difference_bounds(bounds)
+    if floor is not None and ceiling is not None:
+        low, low90 = max(low, floor), max(low90, floor)
+        high, high90 = min(high, ceiling), min(high90, ceiling)
     if margin is not None and -margin <= low90 and high90 <= margin:
         verdict, reason = "on par", f"90% interval [{low90:+.4g}, {high90:+.4g}] inside ±{margin:g}"
     elif low > 0 or high < 0:
@@ -173,7 +214,7 @@ def paired_difference(
     else:
         inside = "" if margin is None else f"; 90% interval [{low90:+.4g}, {high90:+.4g}] not inside ±{margin:g}"
         verdict, reason = "inconclusive", f"95% interval [{low:+.4g}, {high:+.4g}] holds 0{inside}"
-    return PairedDifference(n, mean, low, high, low90, high90, p_value, margin, verdict, reason)
+    return PairedDifference(n, mean, low, high, low90, high90, p_value, margin, verdict, basis + reason)
 
 
 def _direction(difference: float, higher_is_better: bool) -> Verdict:

@@ -36,6 +36,13 @@ def test_capability_filters_combine_and_name_known_cores():
         az.list_attentions(causl=True)  # a typo is an error, never an ignored filter
 
 
+@pytest.mark.parametrize("value", ["yes", 1, 0, "false"])
+@pytest.mark.parametrize("flag", sorted(registry.CAPABILITY_FILTERS))
+def test_a_filter_that_is_not_a_bool_is_refused(flag, value):
+    with pytest.raises(ValueError, match=rf"list_attentions: {flag} must be True, False or None, got {value!r}"):
+        az.list_attentions(**{flag: value})
+
+
 def test_unknown_name_lists_known_names():
     with pytest.raises(ValueError, match=r"unknown attention 'fulll'; known: .*full"):
         az.create_attention("fulll", dim_head=8, heads=2)

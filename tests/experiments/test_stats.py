@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 
@@ -66,14 +67,83 @@ def test_two_seeds_have_one_degree_of_freedom():
     [
         ({0: 0.9}, "inconclusive", "one shared seed"),
         ({5: 0.9}, "inconclusive", "no seed shared"),
-        ({0: 0.905, 1: 0.905}, "on par", "same difference"),
-        ({0: 0.95, 1: 0.95}, "better", "same difference"),
-        ({0: 0.85, 1: 0.85}, "worse", "same difference"),
+        ({0: 0.905, 1: 0.905}, "inconclusive", "same difference +0.005"),  # 2 seeds: sign-flip p = 0.5
+        ({0: 0.95, 1: 0.95}, "inconclusive", "same difference +0.05"),
     ],
 )
 def test_edge_cases_few_seeds_and_zero_variance(values, verdict, reason):
     result = paired_difference(values, {0: 0.9, 1: 0.9}, margin=0.01, higher_is_better=True)
     assert result.verdict == verdict and reason in result.reason
+
+
+@pytest.mark.parametrize("higher_is_better", [True, False])
+def test_identical_values_without_a_margin_give_no_direction(higher_is_better):
+    result = paired_difference({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0}, margin=None, higher_is_better=higher_is_better)
+    assert result.verdict == "inconclusive" and result.p_value == 1.0 and result.mean == 0.0
+    many = {s: 1.0 for s in range(8)}  # even where a constant difference could be a direction, zero is none
+    assert paired_difference(many, many, margin=None, higher_is_better=higher_is_better).verdict == "inconclusive"
+    assert paired_difference(many, many, margin=0.01, higher_is_better=higher_is_better).verdict == "on par"
+
+
+def test_the_same_memory_on_every_seed_is_not_better():
+    runs = [
+        {"mechanism": name, "attention": name, "options": "{}", "options_from": "defaults", "seed": seed,
+         "status": "ok", "reason": "", "peak_mem_mb": 42.0}
+        for name in ("full", "local") for seed in range(3)
+    ]  # fmt: skip
+    local = next(s for s in summarize_mechanisms(runs, "peak_mem_mb") if s["mechanism"] == "local")
+    assert local["verdict"] == "inconclusive" and local["difference"].p_value == 1.0
+
+
+def test_equal_differences_give_one_verdict_and_p_value_however_they_round():
+    """0.4 - 0.3 and 0.1 - 0.0 are both 0.1; in floating point the first three differ in their last bits."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no precision warning from a t-test on rounding noise
+        rounded = paired_difference({0: 0.4, 1: 0.4, 2: 0.4}, {0: 0.3, 1: 0.3, 2: 0.3}, margin=None,
+                                    higher_is_better=True)  # fmt: skip
+        exact = paired_difference({0: 0.1, 1: 0.1, 2: 0.1}, {0: 0.0, 1: 0.0, 2: 0.0}, margin=None,
+                                  higher_is_better=True)  # fmt: skip
+        noisy = paired_difference({0: 0.4, 1: 0.1, 2: 0.7}, {0: 0.3, 1: 0.0, 2: 0.6}, margin=None,
+                                  higher_is_better=True)  # fmt: skip
+    for result in (rounded, exact, noisy):
+        assert (result.verdict, result.p_value) == ("inconclusive", 0.25)
+
+
+@pytest.mark.parametrize(
+    ("n", "p_value", "verdict_within_margin", "verdict_outside"),
+    [(3, 0.25, "inconclusive", "inconclusive"), (5, 0.0625, "on par", "inconclusive"), (6, 0.03125, "on par", "worse")],
+)
+def test_a_constant_difference_has_the_sign_flip_tests_p_value(n, p_value, verdict_within_margin, verdict_outside):
+    """n equal differences: the exact sign-flip test's two-sided p is 2 / 2^n (only the observed signs and their
+    mirror reach the observed |mean|); its intervals are the point from n = 5 (90%) and n = 6 (95%) on."""
+    reference = {s: 0.9 for s in range(n)}
+    within = paired_difference({s: 0.895 for s in range(n)}, reference, margin=0.01, higher_is_better=True)
+    outside = paired_difference({s: 0.8 for s in range(n)}, reference, margin=0.01, higher_is_better=True,
+                                bounds=(0.0, 1.0))  # fmt: skip
+    assert within.p_value == pytest.approx(p_value) and outside.p_value == pytest.approx(p_value)
+    assert within.verdict == verdict_within_margin and outside.verdict == verdict_outside
+    if n < 6:  # no finite interval: every difference accuracy can take
+        assert (outside.low, outside.high) == (-1.0, 1.0)
+    else:
+        assert outside.low == outside.high == pytest.approx(-0.1)
+
+
+def test_paired_intervals_are_clipped_to_what_the_difference_can_take():
+    values, reference = {0: 0.05, 1: 0.30, 2: 0.02}, {0: 0.98, 1: 0.97, 2: 0.99}
+    free = paired_difference(values, reference, margin=0.01, higher_is_better=True)
+    clipped = paired_difference(values, reference, margin=0.01, higher_is_better=True, bounds=(0.0, 1.0))
+    assert free.low < -1.0  # an accuracy difference below -1: impossible
+    assert clipped.low == -1.0 and clipped.high == free.high and clipped.verdict == free.verdict == "worse"
+    assert clipped.low90 == max(free.low90, -1.0)
+
+
+def test_the_smallest_on_par_margin_is_the_largest_end_of_the_90_percent_interval():
+    result = paired_difference({0: 1.1, 1: 2.2, 2: 3.3}, {0: 1.0, 1: 2.0, 2: 3.0}, margin=None, higher_is_better=True)
+    assert result.on_par_margin == pytest.approx(abs(result.high90))
+    assert paired_difference({0: 1.1, 1: 2.2, 2: 3.3}, {0: 1.0, 1: 2.0, 2: 3.0}, margin=result.on_par_margin * 1.0001,
+                             higher_is_better=True).verdict == "on par"  # fmt: skip
+    assert paired_difference({0: 1.1, 1: 2.2, 2: 3.3}, {0: 1.0, 1: 2.0, 2: 3.0}, margin=result.on_par_margin * 0.9999,
+                             higher_is_better=True).verdict != "on par"  # fmt: skip
 
 
 def test_a_negative_margin_is_refused():
@@ -107,7 +177,7 @@ def test_the_compare_summary_gives_every_mechanism_its_paired_verdict_against_th
     runs = rows({
         "full": [0.90, 0.80, 0.95],
         "local": [0.80, 0.70, 0.86],
-        "nystrom": [0.901, 0.801, 0.951],
+        "nystrom": [0.901, 0.8015, 0.9505],
         "lsh": [0.99, 0.60, 0.90],
     })  # fmt: skip
     summary = {s["mechanism"]: s for s in summarize_mechanisms(runs)}
@@ -142,7 +212,7 @@ def test_zoo_report_uses_the_same_paired_verdicts(tmp_path):
     experiment, bench = tmp_path / "experiment", tmp_path / "bench"
     experiment.mkdir()
     bench.mkdir()
-    runs = rows({"full": [0.90, 0.80, 0.95], "local": [0.80, 0.70, 0.86], "nystrom": [0.901, 0.801, 0.951]})
+    runs = rows({"full": [0.90, 0.80, 0.95], "local": [0.80, 0.70, 0.86], "nystrom": [0.901, 0.8015, 0.9505]})
     for row in runs:
         row["train_mem_mb"] = 10.0
     with open(experiment / "runs.csv", "w", newline="") as file:
