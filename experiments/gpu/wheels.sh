@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# Download, here, the wheels that the lent GPU machine's image lacks, into the git-ignored folder .whl/
-# (the device tool's `carry`). That image has Python 3.12, torch 2.11 + CUDA 13, lightning, einops,
-# tensorboard, torchmetrics, rich, sacrebleu, tokenizers, matplotlib, scipy, transformers, pytest and
-# hypothesis (/work/.library/device/KINDS.md); it lacks jsonargparse (LightningCLI, zoo compare) with
-# its signature extras. `datasets` is not fetched: nothing in the GPU suite reads Hugging Face datasets.
+# Download, on a machine with network access, the wheels that a GPU machine without network access lacks, into
+# the git-ignored folder .whl/, to be copied there with the checkout. The GPU machines of experiments/results/gpu-h100/
+# and gpu-h200/ had Python 3.12, torch 2.11 + CUDA 13, lightning, einops, tensorboard, torchmetrics, rich, sacrebleu,
+# tokenizers, matplotlib, scipy, transformers, pytest and hypothesis (env.json there records torch's, triton's and
+# lightning's versions); they lacked jsonargparse (LightningCLI, zoo compare) with its signature extras. `datasets`
+# is not fetched: nothing in the GPU suite reads Hugging Face datasets.
 # No xformers: on PyPI, 0.0.35 is the newest (it declares torch >= 2.10), but its C++/CUDA extensions were
 # built for torch 2.10.0+cu128 and Python 3.10; on the H200's torch 2.11.0+cu130 / Python 3.12 they do not
 # load, and memory_efficient_attention finds no operator (experiments/results/gpu-h200/cuda_marked.log).
-# 0.0.34 pins torch 2.10.0 and weighs 110 MB, over the device tool's 64 MiB.
+# 0.0.34 pins torch 2.10.0.
 #
-#   bash experiments/gpu/wheels.sh                     # then: run(carry=[".whl"], command=...)
+#   bash experiments/gpu/wheels.sh
 #
 # On the GPU machine, never replacing its torch:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-#   export PYTHONPATH=/tmp/site:$PWD
+#   SITE=$(mktemp -d)
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
+#   export PYTHONPATH="$SITE:$PWD"
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=(
