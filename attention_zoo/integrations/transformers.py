@@ -4,9 +4,18 @@ transformers (5.x) dispatches attention through ``AttentionInterface``: every at
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query, key, value, attention_mask, *, scaling,
 dropout, **kwargs)`` on (B, H, N, D) tensors, after its own projections, rotary embedding and KV cache, and
 expects a (B, N, H, D) output. Importing this module registers one implementation, ``"attention_zoo"``, and a
-mask function for it; :func:`use_attention` attaches one zoo core to each self-attention layer (as the layer's
-submodule ``zoo_core``, so its parameters train and are in ``state_dict()``) and switches the model to that
-implementation. The registered function runs the core attached to the layer that calls it.
+mask function for it; :func:`use_attention` gives the model its own copy of its config (transformers may share
+one config object between models built from it, and the implementation is a config field), attaches one zoo core
+to each self-attention layer (as the layer's submodule ``zoo_core``, so its parameters train and are in
+``state_dict()``) and switches the model to that implementation. The registered function runs the core attached
+to the layer that calls it.
+
+Cross-attention (an encoder-decoder's decoder attending to the encoder: BART's ``encoder_attn``, T5's
+``EncDecAttention``, BERT's ``crossattention``, any ``*CrossAttention`` class or layer with ``is_cross_attention``)
+keeps the model's own implementation by default: transformers' ``sdpa``, or its ``eager`` where the model ran
+eager, so its outputs are the unswapped model's. ``cross_attention=name`` puts a zoo core there instead; it must
+support cross-attention with position-free queries (generation attends one new query at a time to the cached
+encoder keys), else it is refused naming the cores that do.
 
 What the core gets:
 
@@ -16,15 +25,17 @@ What the core gets:
 - Scale: the layer's ``scaling`` (GPT-2's per-layer 1/(i + 1) option, ...) is folded into the queries, so the
   core's own 1/sqrt(d) times the folded factor is the layer's scale.
 - Mask and causality: the registered mask function is transformers' ``sdpa_mask`` (a (B, 1, Nq, Nk) boolean
-  mask, or None where sdpa relies on ``is_causal``), restricted to the plain causal and bidirectional
-  patterns: a sliding-window, chunked, packed-sequence or overlaid pattern is refused when the mask is built.
-  (Without a registered mask function, transformers passes no mask at all to a custom implementation: padding
-  and causality would be dropped silently.) The attention function splits the 4-D mask into the zoo's (B, Nk)
-  key mask and a causal flag, refusing any mask that is not padding, or padding plus causal; with no mask it
-  takes causality from the call's ``is_causal`` or else the layer's ``is_causal``.
+  mask, or None where sdpa relies on ``is_causal`` or a window cuts nothing). (Without a registered mask
+  function, transformers passes no mask at all to a custom implementation: padding and causality would be dropped
+  silently.) The attention function splits the 4-D mask into the zoo's (B, Nk) key mask and a causal flag,
+  refusing any mask that is not padding, or padding plus causal (a sliding-window, chunked, packed-sequence or
+  overlaid pattern that cuts something); with no mask it takes causality from the call's ``is_causal`` or else
+  the layer's ``is_causal``. A layer that calls attention with a sliding window, softcap, sinks or a position
+  bias (T5) is refused.
 - Which core: in a causal layer, the zoo's decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`):
   a non-causal mechanism is replaced by its declared ``causal_counterpart`` (``linformer`` -> ``linformer_causal``,
-  ``nystrom`` -> ``full``) or refused with the list of causal cores. A core that needs one shared projection for
+  ``nystrom`` -> ``full``), with a warning naming the core that runs and the options dropped, or refused with the
+  list of causal cores. A core that needs one shared projection for
   queries and keys (``lsh``) is refused: these models project Q and K separately.
 - Generation: transformers' cache hands the core the keys and values of the whole prefix and only the new
   queries. A core that supports cross-attention with position-free queries (``full``, ``linear``, ``performer``)
@@ -40,12 +51,14 @@ missing, unexpected or mis-shaped one.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import json
 import logging
 import math
 import re
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -55,17 +68,12 @@ import transformers
 from einops import repeat
 from safetensors import safe_open
 from torch import Tensor, nn
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import (
-    AttentionMaskInterface,
-    bidirectional_mask_function,
-    causal_mask_function,
-    sdpa_mask,
-)
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from attention_zoo.core import AttentionCore, BuildContext
-from attention_zoo.registry import create_attention, get_attention_class
+from attention_zoo.registry import create_attention, get_attention_class, list_attentions
 from attention_zoo.seq2seq import causal_cores, resolve_decoder_attention
 
 __all__ = ["IMPLEMENTATION", "attention_layers", "from_pretrained", "split_mask", "use_attention"]
@@ -76,6 +84,11 @@ IMPLEMENTATION = "attention_zoo"
 CORE_ATTRIBUTE = "zoo_core"
 SHARED_ATTRIBUTE = "attention_zoo_shared"
 CONFIG_ATTRIBUTE = "attention_zoo"
+#: where a cross-attention layer keeps the implementation it runs without a core ("sdpa" or "eager")
+OWN_IMPLEMENTATION_ATTRIBUTE = "attention_zoo_own_implementation"
+#: the names transformers' encoder-decoder models give their cross-attention layers (BART's ``encoder_attn``, T5's
+#: ``EncDecAttention``, BERT's ``crossattention``, ``cross_attn``, ...): BART uses one class for both kinds
+CROSS_ATTENTION_NAME = re.compile(r".*cross_?att.*|encoder_attn.*|enc_?dec_?att.*", re.IGNORECASE)
 #: keyword arguments of the attention call that change what attention computes; the zoo cores do none of them
 UNSUPPORTED_CALL_OPTIONS = ("sliding_window", "softcap", "s_aux", "sinks", "position_bias", "alibi")
 SUPPORTED_MAJOR = 5
@@ -94,20 +107,28 @@ def use_attention(
     name: str,
     *,
     decoder_options: dict[str, Any] | None = None,
+    cross_attention: str | None = None,
+    cross_options: dict[str, Any] | None = None,
     max_seq_len: int | None = None,
     **options: Any,
 ) -> PreTrainedModel:
     """Make every self-attention layer of ``model`` run the zoo core ``name``; returns ``model`` (changed in place).
 
     ``options``: the core's options (``zoo list``). In a causal layer a non-causal ``name`` is replaced by its
-    ``causal_counterpart``, built with ``decoder_options`` (else its defaults); a causal ``name`` keeps
-    ``options`` unless ``decoder_options`` is given. ``max_seq_len``: what cores that size parameters by length
-    (Linformer's E, F) are built for; default the config's ``max_position_embeddings``. Calling it again
-    replaces the cores (fresh parameters).
+    ``causal_counterpart``, built with ``decoder_options`` (else its defaults), and a warning names the core that
+    runs and the options dropped; a causal ``name`` keeps ``options`` unless ``decoder_options`` is given.
+    Cross-attention layers keep the model's own implementation (sdpa, or eager where the model ran eager) unless
+    ``cross_attention`` names a zoo core for them (built with ``cross_options``; one that cannot attend queries of
+    one sequence to keys of another, one query at a time, is refused). ``max_seq_len``: what cores that size
+    parameters by length (Linformer's E, F) are built for; default the config's ``max_position_embeddings``.
+    The model gets its own copy of its config first, so another model built from the same config object keeps
+    its attention. Calling it again replaces the cores (fresh parameters).
     """
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"use_attention needs a transformers PreTrainedModel, got {type(model).__name__}")
-    layers = [(path, module) for path, module in attention_layers(model) if not _is_cross_attention(module)]
+    found = attention_layers(model)
+    layers = [(path, module) for path, module in found if not _is_cross_attention(path, module)]
+    cross_layers = [(path, module) for path, module in found if _is_cross_attention(path, module)]
     if not layers or not type(model)._can_set_attn_implementation():
         raise ValueError(
             f"{type(model).__name__} has no self-attention layer that dispatches through transformers' "
@@ -115,33 +136,84 @@ def use_attention(
         )
     causalities = {bool(getattr(module, "is_causal", False)) for _, module in layers}
     rules = {causal: _layer_rule(name, options, decoder_options, causal) for causal in sorted(causalities)}
+    cross_rule = None if cross_attention is None else _cross_rule(cross_attention, cross_options)
+    _own_config(model)
     shared = nn.ModuleDict()
     setattr(model, SHARED_ATTRIBUTE, shared)
     for index, (path, module) in enumerate(layers):
         core_name, core_options, _ = rules[bool(getattr(module, "is_causal", False))]
-        heads, dim_head = _layer_shape(module, path)
-        core = create_attention(
-            core_name,
-            dim_head=dim_head,
-            heads=heads,
-            max_seq_len=_max_seq_len(module, model, max_seq_len),
-            context=BuildContext(layer_index=index, num_layers=len(layers), shared=shared),
-            **core_options,
-        )
-        reference = next(module.parameters(), None)
-        if reference is not None:
-            core.to(device=reference.device, dtype=reference.dtype)
-        core.train(module.training)  # a model already in eval() must not train its new cores (Performer redraws)
-        setattr(module, CORE_ATTRIBUTE, core)
+        context = BuildContext(layer_index=index, num_layers=len(layers), shared=shared)
+        _attach_core(module, path, model, core_name, core_options, context, max_seq_len)
+    cross_shared = nn.ModuleDict()  # cross-attention cores share state among themselves only
+    for index, (path, module) in enumerate(cross_layers):
+        if not hasattr(module, OWN_IMPLEMENTATION_ATTRIBUTE):
+            setattr(module, OWN_IMPLEMENTATION_ATTRIBUTE, _own_implementation(module, model))
+        if cross_rule is None:
+            if hasattr(module, CORE_ATTRIBUTE):
+                delattr(module, CORE_ATTRIBUTE)
+            continue
+        context = BuildContext(layer_index=index, num_layers=len(cross_layers), shared=cross_shared)
+        _attach_core(module, path, model, cross_rule[0], cross_rule[1], context, max_seq_len)
+    if len(cross_shared):
+        shared["cross"] = cross_shared
     reference = next(model.parameters())
     shared.to(device=reference.device, dtype=reference.dtype)
     _declare_aliases(model)
-    spec = {"attention": name, "options": options, "decoder_options": decoder_options, "max_seq_len": max_seq_len}
+    spec = {
+        "attention": name, "options": options, "decoder_options": decoder_options,
+        "cross_attention": cross_attention, "cross_options": cross_options, "max_seq_len": max_seq_len,
+    }  # fmt: skip
     setattr(model.config, CONFIG_ATTRIBUTE, json.loads(json.dumps(spec)))  # stored as the saved config.json has it
     model.set_attn_implementation(IMPLEMENTATION)
-    for causal, rule in rules.items():
-        logger.info("attention_zoo: %s layers run %s (%s)", "causal" if causal else "non-causal", rule[0], rule[2])
+    for causal, (core_name, core_options, reason) in rules.items():
+        kind = "causal" if causal else "non-causal"
+        if core_name == name:
+            logger.info("attention_zoo: %s self-attention layers run %s (%s)", kind, core_name, reason)
+            continue
+        dropped = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "none"
+        logger.warning(
+            "attention_zoo: %s self-attention layers run %s with options %s, not %s (%s); options dropped: %s",
+            kind, core_name, core_options, name, reason, dropped,
+        )  # fmt: skip
+    if cross_layers:
+        what = f"zoo core {cross_rule[0]}" if cross_rule else "the model's own implementation"
+        logger.info("attention_zoo: %d cross-attention layers run %s", len(cross_layers), what)
     return model
+
+
+def _attach_core(
+    module: nn.Module,
+    path: str,
+    model: PreTrainedModel,
+    name: str,
+    options: dict[str, Any],
+    context: BuildContext,
+    max_seq_len: int | None,
+) -> None:
+    heads, dim_head = _layer_shape(module, path)
+    core = create_attention(
+        name, dim_head=dim_head, heads=heads, max_seq_len=_max_seq_len(module, model, max_seq_len), context=context,
+        **options,
+    )  # fmt: skip
+    reference = next(module.parameters(), None)
+    if reference is not None:
+        core.to(device=reference.device, dtype=reference.dtype)
+    core.train(module.training)  # a model already in eval() must not train its new cores (Performer redraws)
+    setattr(module, CORE_ATTRIBUTE, core)
+
+
+def _own_config(model: nn.Module) -> None:
+    """Point every module of ``model`` at a private copy of the config tree it holds (sub-configs included).
+
+    transformers' ``from_config(config)`` keeps the object it is given, so two models built from one config share
+    it: switching one model's implementation would switch the other's.
+    """
+    copies: dict[int, Any] = {}  # deepcopy's memo: id of each original object -> its copy
+    copy.deepcopy(model.config, copies)
+    for module in model.modules():
+        for attribute, value in list(vars(module).items()):
+            if isinstance(value, PreTrainedConfig) and id(value) in copies:
+                setattr(module, attribute, copies[id(value)])
 
 
 def from_pretrained(
@@ -150,6 +222,8 @@ def from_pretrained(
     attention: str | None = None,
     *,
     decoder_options: dict[str, Any] | None = None,
+    cross_attention: str | None = None,
+    cross_options: dict[str, Any] | None = None,
     max_seq_len: int | None = None,
     model_kwargs: dict[str, Any] | None = None,
     **options: Any,
@@ -171,7 +245,11 @@ def from_pretrained(
             )
         attention, options = spec["attention"], dict(spec["options"])
         decoder_options, max_seq_len = spec["decoder_options"], spec["max_seq_len"]
-    use_attention(model, attention, decoder_options=decoder_options, max_seq_len=max_seq_len, **options)
+        cross_attention, cross_options = spec.get("cross_attention"), spec.get("cross_options")
+    use_attention(
+        model, attention, decoder_options=decoder_options, cross_attention=cross_attention,
+        cross_options=cross_options, max_seq_len=max_seq_len, **options,
+    )  # fmt: skip
     load_zoo_tensors(model, path)
     return model
 
@@ -331,14 +409,17 @@ def zoo_attention_forward(
     scaling: float | None = None,
     is_causal: bool | None = None,
     **kwargs: Any,
-) -> tuple[Tensor, None]:
-    """The registered ``"attention_zoo"`` implementation: (B, H, N, D) in, (B, N, H, D) and no weights out."""
+) -> tuple[Tensor, Tensor | None]:
+    """The registered ``"attention_zoo"`` implementation: (B, H, N, D) in, (B, N, H, D) and no weights out.
+
+    A cross-attention layer without a core runs its model's own implementation (sdpa or eager) instead.
+    """
     core: AttentionCore | None = getattr(module, CORE_ATTRIBUTE, None)
+    own = getattr(module, OWN_IMPLEMENTATION_ATTRIBUTE, None)  # set on cross-attention layers only
     if core is None:
-        if _is_cross_attention(module):
-            _warn_once(f"{type(module).__name__} (cross-attention) keeps transformers' sdpa attention")
+        if own is not None:
             call = dict(dropout=dropout, scaling=scaling, is_causal=is_causal)
-            return sdpa_attention_forward(module, query, key, value, attention_mask, **call, **kwargs)
+            return _own_attention(own, module, query, key, value, attention_mask, **call, **kwargs)
         raise ValueError(
             f"{type(module).__name__} has no zoo core; run attention_zoo.integrations.transformers.use_attention("
             f"model, name) before running a model with attn_implementation={IMPLEMENTATION!r}"
@@ -346,8 +427,8 @@ def zoo_attention_forward(
     for option in UNSUPPORTED_CALL_OPTIONS:
         if kwargs.get(option) is not None:
             raise ValueError(
-                f"{type(module).__name__} calls attention with {option}={kwargs[option]!r}, which the zoo cores do not "
-                f"apply; supported: plain softmax attention with padding and causal masks"
+                f"{type(module).__name__} calls attention with {option} ({_brief(kwargs[option])}), which the zoo "
+                "cores do not apply; supported: plain softmax attention with padding and causal masks"
             )
     if kwargs.get("output_attentions"):
         _warn_once("zoo cores return no attention weights (output_attentions gives None)")
@@ -357,12 +438,15 @@ def zoo_attention_forward(
     if groups > 1:
         # the layout of transformers' repeat_kv: K/V head j serves query heads j * groups .. j * groups + groups - 1
         key, value = (repeat(t, "b h n d -> b (h g) n d", g=groups) for t in (key, value))
-    default_causal = bool(getattr(module, "is_causal", False)) if is_causal is None else bool(is_causal)
+    if own is not None:
+        default_causal = False  # cross-attention; its core is one that attends queries to another sequence
+    else:
+        default_causal = bool(getattr(module, "is_causal", False)) if is_causal is None else bool(is_causal)
     nq, nk = query.shape[-2], key.shape[-2]
     key_mask, causal = split_mask(attention_mask, nq, nk, default_causal)
     if scaling is not None and not math.isclose(scaling, core.scale, rel_tol=1e-12):
         query = query * (scaling / core.scale)
-    if nq < nk and not (core.supports_cross_attention and core.position_free_queries):
+    if nq < nk and own is None and not (core.supports_cross_attention and core.position_free_queries):
         if not causal:
             raise ValueError(
                 f"{core.name} attends a sequence to itself only; this non-causal call has {nq} queries for {nk} keys"
@@ -376,18 +460,13 @@ def zoo_attention_forward(
 
 
 def zoo_mask(**kwargs: Any) -> Tensor | None:
-    """The registered mask function: transformers' ``sdpa_mask`` for the plain causal and bidirectional patterns.
+    """The registered mask function: transformers' ``sdpa_mask``, of any pattern.
 
+    A pattern other than padding, or padding plus causal, is refused by the layer it reaches (:func:`split_mask`),
+    not here: some models (T5Gemma) build a sliding-window mask on every forward whether or not a layer uses it.
     Keyword arguments as transformers passes them to every mask function (the query positions come as
     ``q_length`` in recent 5.x releases and as ``cache_position`` in early ones; both are passed through).
     """
-    mask_function = kwargs.get("mask_function", causal_mask_function)
-    if mask_function is not causal_mask_function and mask_function is not bidirectional_mask_function:
-        raise ValueError(
-            f"attention_zoo supports padding with causal or bidirectional attention; this model builds the mask "
-            f"pattern {getattr(mask_function, '__name__', mask_function)!r} (a sliding window, chunked attention, "
-            "packed sequences or an overlay such as image tokens), which the zoo cores cannot apply"
-        )
     q_length = kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0]
     if q_length not in (1, kwargs["kv_length"]):
         # sdpa's is_causal aligns to the top-left, the zoo's to the end: only these two shapes agree without a mask
@@ -416,6 +495,62 @@ def _layer_rule(
             "transformers' attention layers project them separately; use a core without needs_shared_qk"
         )
     return chosen
+
+
+def _cross_rule(name: str, options: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    cls = get_attention_class(name)
+    if not (cls.supports_cross_attention and cls.position_free_queries):
+        allowed = list_attentions(cross=True, position_free_queries=True)
+        raise ValueError(
+            f"cross_attention {name!r} cannot attend one sequence's queries to another's keys one query at a time "
+            f"(as generation does); cross-attention cores: {', '.join(allowed)}"
+        )
+    return name, dict(options or {})
+
+
+def _own_implementation(module: nn.Module, model: PreTrainedModel) -> str:
+    """What cross-attention layer ``module`` runs without a core: the model's sdpa or eager implementation."""
+    config = getattr(module, "config", None)
+    found = (config if isinstance(config, PreTrainedConfig) else model.config)._attn_implementation
+    if found == "eager" and _eager_function(module) is not None:
+        return "eager"
+    if found not in ("sdpa", IMPLEMENTATION):
+        why = "its file has no eager_attention_forward" if found == "eager" else "the zoo's mask function builds sdpa's"
+        _warn_once(
+            f"cross-attention ({type(module).__name__}) runs transformers' sdpa, not the model's {found!r}: {why}"
+        )
+    return "sdpa"
+
+
+def _eager_function(module: nn.Module) -> Any:
+    """The ``eager_attention_forward`` of the modelling file that defines ``module``'s class, or None."""
+    return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+
+
+def _own_attention(
+    implementation: str,
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    **call: Any,
+) -> tuple[Tensor, Tensor | None]:
+    if implementation == "sdpa":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **call)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        # eager kernels add the mask to the scores: 0 where attended, the dtype's minimum elsewhere (as eager_mask)
+        blocked = torch.finfo(query.dtype).min
+        attention_mask = torch.where(attention_mask, torch.zeros((), dtype=query.dtype, device=query.device), blocked)
+    return _eager_function(module)(module, query, key, value, attention_mask, **call)
+
+
+def _brief(value: Any) -> str:
+    """A one-line description of a call option's value for an error message (a tensor by its shape)."""
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _layer_shape(module: nn.Module, path: str) -> tuple[int, int]:
@@ -450,8 +585,13 @@ def _first_int(owner: Any, *names: str) -> int | None:
     return None
 
 
-def _is_cross_attention(module: nn.Module) -> bool:
-    return bool(getattr(module, "is_cross_attention", False)) or "CrossAttention" in type(module).__name__
+def _is_cross_attention(path: str, module: nn.Module) -> bool:
+    """Whether the layer at ``path`` attends to another sequence: declared, by its class or by its name."""
+    return (
+        bool(getattr(module, "is_cross_attention", False))
+        or "CrossAttention" in type(module).__name__
+        or any(CROSS_ATTENTION_NAME.fullmatch(part) for part in path.split("."))
+    )
 
 
 @functools.cache

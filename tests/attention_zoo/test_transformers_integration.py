@@ -1,5 +1,6 @@
 """Zoo cores inside Hugging Face transformers models (attention_zoo.integrations.transformers), on tiny models
-built offline from configs: Llama (decoder, grouped-query attention), BERT (encoder, padding) and GPT-2.
+built offline from configs: Llama (decoder, grouped-query attention), BERT (encoder, padding) and GPT-2; BART,
+T5Gemma and T5 for encoder-decoder models (cross-attention keeps the model's own implementation).
 
 Every mechanism runs forward and backward in each model with its first ``example_configs`` entry (so that n = 32
 engages the approximation); ``full`` matches transformers' own sdpa to 1e-5; padding and causality are honoured
@@ -22,11 +23,17 @@ pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    BartConfig,
     BertConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
+    PreTrainedConfig,
     PreTrainedModel,
+    T5Config,
+    T5GemmaConfig,
+    T5GemmaModuleConfig,
 )
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
@@ -37,11 +44,14 @@ VOCAB, N, MAX_LEN = 64, 32, 64
 TINY = dict(vocab_size=VOCAB, max_position_embeddings=MAX_LEN)
 
 
-def llama() -> PreTrainedModel:
-    config = LlamaConfig(
+def llama_config() -> LlamaConfig:
+    return LlamaConfig(
         **TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     )
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+
+
+def llama() -> PreTrainedModel:
+    return AutoModelForCausalLM.from_config(llama_config(), attn_implementation="sdpa")
 
 
 def gpt2() -> PreTrainedModel:
@@ -60,8 +70,35 @@ def bert() -> PreTrainedModel:
     return AutoModel.from_config(config, attn_implementation="sdpa")
 
 
+def bart_config() -> BartConfig:
+    return BartConfig(
+        **TINY, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, attention_dropout=0.0,
+    )  # fmt: skip
+
+
+def bart() -> PreTrainedModel:
+    return AutoModelForSeq2SeqLM.from_config(bart_config(), attn_implementation="sdpa")
+
+
+def t5gemma_config() -> T5GemmaConfig:
+    """A T5-layout encoder-decoder (encoder and decoder sub-configs, grouped-query attention, rotary positions),
+    without the softcapping and sliding-window layers that the zoo cores refuse."""
+    module = dict(
+        **TINY, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=8, query_pre_attn_scalar=8, attn_logit_softcapping=None, final_logit_softcapping=None,
+        layer_types=["full_attention"] * 2,
+    )  # fmt: skip
+    return T5GemmaConfig(encoder=T5GemmaModuleConfig(**module), decoder=T5GemmaModuleConfig(**module), vocab_size=VOCAB)
+
+
+def t5gemma() -> PreTrainedModel:
+    return AutoModelForSeq2SeqLM.from_config(t5gemma_config())  # eager: T5Gemma has no sdpa path
+
+
 MODELS: dict[str, Callable[[], PreTrainedModel]] = {"llama": llama, "gpt2": gpt2, "bert": bert}
 CAUSAL_MODELS = ("llama", "gpt2")
+ENCODER_DECODERS: dict[str, Callable[[], PreTrainedModel]] = {"bart": bart, "t5gemma": t5gemma}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,7 +106,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def build(model: str, seed: int = 0) -> PreTrainedModel:
     torch.manual_seed(seed)
-    return MODELS[model]().eval()
+    return {**MODELS, **ENCODER_DECODERS}[model]().eval()
 
 
 def batch(model: str, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,6 +279,7 @@ def test_greedy_generation_with_full_equals_sdpa(model):
         ("bert", "linformer", {"k": 8, "sharing": "layerwise"}),
         ("llama", "linformer", {"k": 16, "decoder_options": {"block_size": 8, "block_k": 4, "sharing": "layerwise"}}),
         ("gpt2", "performer", {"nb_features": 16, "chunk_size": 8}),
+        ("bart", "local", {"window": 4, "cross_attention": "linformer", "cross_options": {"k": 8}}),
     ],
 )
 def test_save_and_reload_round_trips_zoo_parameters(tmp_path, model, name, options):
@@ -251,7 +289,7 @@ def test_save_and_reload_round_trips_zoo_parameters(tmp_path, model, name, optio
             if hf.CORE_ATTRIBUTE in key or hf.SHARED_ATTRIBUTE in key:
                 tensor.add_(torch.rand_like(tensor) if tensor.is_floating_point() else 1)  # not the init values
     net.save_pretrained(tmp_path)
-    loader = AutoModelForCausalLM if model in CAUSAL_MODELS else AutoModel
+    loader = AutoModelForCausalLM if model in CAUSAL_MODELS else AutoModelForSeq2SeqLM if model == "bart" else AutoModel
     reloaded = hf.from_pretrained(loader, tmp_path)  # the spec comes from the saved config
     saved, loaded = net.state_dict(), reloaded.state_dict()
     assert saved.keys() == loaded.keys() and any(hf.CORE_ATTRIBUTE in k for k in saved)
@@ -310,5 +348,139 @@ def test_sliding_window_layers_are_refused():
         sliding_window=8,
     )  # fmt: skip
     net = hf.use_attention(AutoModelForCausalLM.from_config(config), "full")
-    with pytest.raises(ValueError, match="sliding window"):
+    with pytest.raises(ValueError, match="sliding_window"):
         net(input_ids=torch.randint(0, VOCAB, (1, 16)))
+
+
+# encoder-decoder models: cross-attention keeps the model's own implementation unless cross_attention names a core
+
+CROSS_ATTENTION = {"bart": "encoder_attn", "t5gemma": "cross_attn"}  # what each model calls its cross-attention
+
+
+def seq2seq_batch(seed: int = 1) -> dict[str, torch.Tensor]:
+    """A source of 12 tokens (the second row padded by 3) and a target of 7: cross-attention has 7 queries for 12
+    keys."""
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randint(3, VOCAB, (2, 12), generator=generator)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, -3:] = 0
+    return dict(
+        input_ids=source, attention_mask=mask, decoder_input_ids=torch.randint(3, VOCAB, (2, 7), generator=generator)
+    )
+
+
+def generate(net: PreTrainedModel, use_cache: bool = True) -> Any:
+    inputs = seq2seq_batch()
+    return net.generate(
+        inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5, min_new_tokens=5,
+        do_sample=False, use_cache=use_cache, output_scores=True, return_dict_in_generate=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("model", list(ENCODER_DECODERS))
+def test_cross_attention_keeps_the_models_own_implementation(model):
+    net = hf.use_attention(build(model), "local", window=4)
+    layers = hf.attention_layers(net)
+    assert [hasattr(m, hf.CORE_ATTRIBUTE) for p, m in layers if p.endswith(CROSS_ATTENTION[model])] == [False] * 2
+    assert all(hasattr(m, hf.CORE_ATTRIBUTE) for p, m in layers if not p.endswith(CROSS_ATTENTION[model]))
+    with torch.no_grad():
+        logits = net(**seq2seq_batch()).logits
+        cached, recomputed = generate(net), generate(net, use_cache=False)
+    assert logits.shape == (2, 7, VOCAB) and torch.isfinite(logits).all()
+    assert cached.sequences.shape[1] == 6 and torch.equal(cached.sequences, recomputed.sequences)
+    torch.testing.assert_close(torch.stack(cached.scores), torch.stack(recomputed.scores), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("model", list(ENCODER_DECODERS))
+def test_encoder_decoders_with_full_self_attention_match_the_unswapped_model(model):
+    # BART's cross-attention stays on sdpa, T5Gemma's on eager (its bool mask made additive as transformers does)
+    net = build(model)
+    with torch.no_grad():
+        reference, reference_generated = net(**seq2seq_batch()).logits, generate(net).sequences
+        hf.use_attention(net, "full")
+        torch.testing.assert_close(net(**seq2seq_batch()).logits, reference, rtol=0, atol=1e-5)
+        assert torch.equal(generate(net).sequences, reference_generated)
+
+
+def test_bart_cross_attention_gives_exactly_sdpa_outputs_beside_a_local_core():
+    net, reference = hf.use_attention(build("bart"), "local", window=4), build("bart")
+    seen: dict[str, Any] = {}
+    net.model.decoder.layers[1].encoder_attn.register_forward_hook(
+        lambda module, args, kwargs, out: seen.update(args=args, kwargs=kwargs, out=out[0]), with_kwargs=True
+    )
+    with torch.no_grad():
+        net(**seq2seq_batch(), use_cache=False)
+        expected = reference.model.decoder.layers[1].encoder_attn(*seen["args"], **seen["kwargs"])[
+            0
+        ]  # the same inputs, on sdpa
+    assert seen["kwargs"]["key_value_states"].shape[1] == 12 and torch.equal(seen["out"], expected)
+
+
+def test_cross_attention_can_run_a_zoo_core_that_supports_it():
+    net = hf.use_attention(build("bart"), "local", window=4, cross_attention="linear")
+    assert [m.zoo_core.name for p, m in hf.attention_layers(net) if p.endswith("encoder_attn")] == ["linear"] * 2
+    inputs = seq2seq_batch()
+    changed = dict(inputs, input_ids=inputs["input_ids"].masked_fill(~inputs["attention_mask"].bool(), 5))
+    with torch.no_grad():
+        # padding of the source never reaches the decoder through the core's key mask
+        torch.testing.assert_close(net(**changed).logits, net(**inputs).logits, rtol=0, atol=1e-5)
+        cached, recomputed = generate(net), generate(net, use_cache=False)
+    assert torch.equal(cached.sequences, recomputed.sequences)
+    torch.testing.assert_close(torch.stack(cached.scores), torch.stack(recomputed.scores), rtol=0, atol=1e-4)
+    hf.use_attention(net, "full")  # applied again without cross_attention: the cross cores go
+    assert not any(hasattr(m, hf.CORE_ATTRIBUTE) for p, m in hf.attention_layers(net) if p.endswith("encoder_attn"))
+
+
+def test_a_cross_attention_core_that_cannot_attend_another_sequence_is_refused_by_name():
+    with pytest.raises(ValueError, match="cross_attention 'local' cannot .*; cross-attention cores: full, ") as error:
+        hf.use_attention(build("bart"), "full", cross_attention="local", cross_options={"window": 4})
+    assert "\n" not in str(error.value)
+
+
+def t5() -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_heads=4, dropout_rate=0.0)
+    return AutoModelForSeq2SeqLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def test_t5_cross_attention_gets_no_core():
+    cores = {path: hasattr(m, hf.CORE_ATTRIBUTE) for path, m in hf.attention_layers(hf.use_attention(t5(), "full"))}
+    assert {path.rsplit(".", 1)[1] for path, has in cores.items() if has} == {"SelfAttention"}
+    assert [has for path, has in cores.items() if path.endswith("EncDecAttention")] == [False] * 2
+
+
+def test_t5_position_bias_is_refused_in_one_line_naming_it():
+    net = hf.use_attention(t5(), "full")
+    with pytest.raises(ValueError, match=r"with position_bias \(a tensor of shape \(1, 4, 12, 12\)\)") as error:
+        net(**seq2seq_batch())
+    assert "\n" not in str(error.value) and len(str(error.value)) < 200
+
+
+@pytest.mark.parametrize("model", ["llama", "t5gemma"])
+def test_a_config_shared_with_another_model_stays_that_models(model):
+    config, loader = (
+        (llama_config(), AutoModelForCausalLM) if model == "llama" else (t5gemma_config(), AutoModelForSeq2SeqLM)
+    )
+    torch.manual_seed(0)
+    other, zoo = loader.from_config(config).eval(), loader.from_config(config).eval()
+    assert other.config is zoo.config  # transformers keeps the config object it is given
+    own = other.config._attn_implementation
+    inputs = seq2seq_batch() if model == "t5gemma" else {"input_ids": batch(model)[0]}
+    with torch.no_grad():
+        before = other(**inputs).logits
+        hf.use_attention(zoo, "local", window=4)
+        after = other(**inputs).logits
+        zoo(**inputs)
+    assert torch.equal(after, before)
+    other_configs = [v for m in other.modules() for v in vars(m).values() if isinstance(v, PreTrainedConfig)]
+    zoo_configs = [v for m in zoo.modules() for v in vars(m).values() if isinstance(v, PreTrainedConfig)]
+    assert {c._attn_implementation for c in other_configs} == {own}  # sub-configs (T5Gemma's encoder, decoder) too
+    assert {c._attn_implementation for c in zoo_configs} == {hf.IMPLEMENTATION}
+    assert not {id(c) for c in zoo_configs} & {id(c) for c in other_configs}
+
+
+def test_a_core_replaced_in_causal_layers_is_a_warning_naming_what_runs(caplog):
+    with caplog.at_level("WARNING", logger=hf.__name__):
+        hf.use_attention(build("gpt2"), "nystrom", num_landmarks=4)
+    [message] = [r.getMessage() for r in caplog.records if r.name == hf.__name__ and r.levelname == "WARNING"]
+    assert "layers run full" in message and "not nystrom" in message and "options dropped: num_landmarks=4" in message
