@@ -32,8 +32,8 @@ def position_common_share(x: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("depth", [2, 4, 8])
 def test_the_residual_stream_keeps_its_positions_apart_at_initialisation(depth):
-    """The legacy init (PyTorch's default Linears with non-zero biases beside N(0, 0.02) embeddings) gives
-    0.86-0.99 here after every layer; the convention stays near the embeddings' own share."""
+    """The legacy init (PyTorch's default Linears with non-zero biases beside N(0, 0.02) embeddings) put nearly
+    the same vector at every position; the convention stays near the embeddings' own share."""
     torch.manual_seed(0)
     model = az.TransformerEncoder(256, 128, depth, 4, 512).eval()
     tokens = text_byte_ids(512, 2)
