@@ -41,6 +41,7 @@ from experiments.compare.summary import (
     RUN_COLUMNS,
     format_difference,
     format_interval,
+    format_on_par_margin,
     lower_is_better,
     primary_metric,
     summarize_mechanisms,
@@ -245,17 +246,19 @@ def write_report(
         "## The compared task",
         "",
         "Change vs full: the paired difference over shared seeds with its 95% interval, and the verdict"
-        f" ({margin_text(reference['margin'])}: {RULE}).",
+        f" ({margin_text(reference['margin'])}: {RULE}); on par from δ: the smallest margin at which it would be"
+        " `on par`.",
         "",
-        "| mechanism | options | seeds | " + metric + " | change vs full | verdict | speedup in training | train MB |"
-        " Pareto |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mechanism | options | seeds | " + metric + " | change vs full | verdict | on par from δ | speedup in"
+        " training | train MB | Pareto |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in sorted(points, key=lambda p: -p["speedup"]):
         s = p["summary"]
         lines.append(
             f"| {s['mechanism']} | `{s['options']}` | {s['ok']} | {_interval(p['metric'])} | {_change(p['change'])} | "
-            f"{s['verdict']} | {p['speedup']:.2f}x ± {p['speedup_half']:.2f} | {p['memory']:,.0f} | "
+            f"{s['verdict']} | {format_on_par_margin(p['change'], metric)} | "
+            f"{p['speedup']:.2f}x ± {p['speedup_half']:.2f} | {p['memory']:,.0f} | "
             f"{'yes' if p in front else ''} |"
         )
     lengths = sorted({r["seq_len"] for r in bench})

@@ -6,7 +6,9 @@ The primary metric is ``val_acc`` when the task logs it, else ``val_bleu``, ``va
 better for accuracy, F1, BLEU and chrF, lower for loss and perplexity). Rows are ordered best mean first. The
 verdict of each mechanism against the reference (default ``full``) is the rule of :mod:`experiments.stats`:
 ``on par`` when the 90% interval of the paired difference lies inside ±δ, else ``better`` / ``worse`` when its
-95% interval excludes 0, else ``inconclusive``.
+95% interval excludes 0, else ``inconclusive``. Beside each verdict: the smallest margin at which ``on par`` would
+hold, and, when the no-attention control (:data:`CONTROL`, ``zoo compare --control``) ran, the mechanism's
+difference as a fraction of the control's (0: the reference's metric, 1: no better than no attention at all).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ RUN_COLUMNS = (
 #: aggregated over seeds in every summary, whether or not the task logs further metrics
 CORE_METRICS = ("val_acc", "val_loss", "val_ppl", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "fit_s")
 LOWER_IS_BETTER = ("loss", "ppl", "mem_mb", "fit_s", "wall_s")
+#: the registered core of the no-attention control arm
+CONTROL = "self_only"
 
 
 def lower_is_better(metric: str) -> bool:
@@ -111,7 +115,8 @@ def find_reference(summary: list[dict[str, Any]], reference: str) -> dict[str, A
 def compare_with_reference(
     summary: list[dict[str, Any]], metric: str, reference: str, margin: float | None
 ) -> None:
-    """Set ``difference``, ``verdict``, ``reference`` and ``margin`` on every row (module docstring)."""
+    """Set ``difference``, ``verdict``, ``reference``, ``margin`` and ``gap_fraction`` on every row (module
+    docstring)."""
     base = find_reference(summary, reference)
     reference_mean = base["intervals"][metric].mean if base and base["intervals"].get(metric) else None
     delta = margin if margin is not None else default_margin(metric, reference_mean)
@@ -123,9 +128,22 @@ def compare_with_reference(
             s["verdict"] = "reference"
         else:
             difference = paired_difference(
-                s["per_seed"], base["per_seed"], margin=delta, higher_is_better=not lower_is_better(metric)
-            )
+                s["per_seed"], base["per_seed"], margin=delta, higher_is_better=not lower_is_better(metric),
+                bounds=metric_bounds(metric),
+            )  # fmt: skip
             s["difference"], s["verdict"] = difference, difference.verdict
+    control = find_control(summary)
+    scale = None if control is None or control["difference"] is None else control["difference"].mean
+    for s in summary:
+        shown = s["difference"] is not None and scale is not None and math.isfinite(scale) and scale != 0
+        s["gap_fraction"] = s["difference"].mean / scale if shown else None
+
+
+def find_control(summary: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The no-attention control's summary row (the one labelled :data:`CONTROL`, else the first whose attention
+    it is), None when it did not run."""
+    controls = [s for s in summary if s["attention"] == CONTROL]
+    return next((s for s in controls if s["mechanism"] == CONTROL), controls[0] if controls else None)
 
 
 def order(summary: list[dict[str, Any]], metric: str) -> None:
@@ -141,7 +159,8 @@ def order(summary: list[dict[str, Any]], metric: str) -> None:
 
 def summary_table_rows(summary: list[dict[str, Any]], metric: str, columns: list[str]) -> list[dict[str, Any]]:
     """Flat rows for ``summary.csv``: the paired difference from the reference on ``metric`` (``delta``,
-    ``delta_lo``, ``delta_hi``: its 95% interval; ``p_value``, ``verdict``, ``margin``), then ``<metric>_mean``,
+    ``delta_lo``, ``delta_hi``: its 95% interval; ``p_value``, ``verdict``, ``margin``, ``on_par_margin``: the
+    smallest margin for ``on par``; ``gap_fraction``: delta over the control's delta), then ``<metric>_mean``,
     ``_std``, ``_ci_low``, ``_ci_high`` per metric."""
     flat = []
     for s in summary:
@@ -159,6 +178,8 @@ def summary_table_rows(summary: list[dict[str, Any]], metric: str, columns: list
             "delta_lo90": None if difference is None else _finite_or_none(difference.low90),
             "delta_hi90": None if difference is None else _finite_or_none(difference.high90),
             "p_value": None if difference is None else _finite_or_none(difference.p_value),
+            "on_par_margin": None if difference is None else _finite_or_none(difference.on_par_margin),
+            "gap_fraction": s.get("gap_fraction"),
             "verdict_reason": "" if difference is None else difference.reason,
             "problems": s["problems"],
         }
@@ -201,12 +222,17 @@ def write_outputs(
     write_csv(directory / "summary.csv", flat, list(flat[0]) if flat else ["mechanism"])
     shown = [c for c in columns if any(s["intervals"].get(c) is not None for s in summary)]
     lines = [*header, "", *verdict_lines(summary, metric), ""]
+    control = find_control(summary) is not None
+    judged = ["verdict", "on par from δ", *(["Δ / Δ control"] if control else []), f"Δ {metric} [95% CI]", "p"]
     lines += [
-        f"| mechanism | options | ok/seeds | verdict | Δ {metric} [95% CI] | p | " + " | ".join(shown) + " |",
-        "|---" * (len(shown) + 6) + "|",
+        "| mechanism | options | ok/seeds | " + " | ".join([*judged, *shown]) + " |",
+        "|---" * (len(judged) + len(shown) + 3) + "|",
     ]
     for s in sorted(summary, key=_best_first):
         cells = [_md(s["mechanism"]), _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}", s["verdict"]]
+        cells.append(format_on_par_margin(s["difference"], metric))
+        if control:
+            cells.append("-" if s.get("gap_fraction") is None else f"{s['gap_fraction']:.2f}")
         cells += [format_difference(s["difference"], metric, interval=True), format_p(s["difference"])]
         cells += [format_interval(s["intervals"].get(c), c) for c in shown]
         lines.append("| " + " | ".join(cells) + " |")
@@ -225,10 +251,19 @@ def verdict_lines(summary: list[dict[str, Any]], metric: str) -> list[str]:
     margin = summary[0]["margin"] if summary else None
     if not any(s["verdict"] == "reference" for s in summary):
         return [f"Mean ± 95% interval over seeds, best {metric} first. No finished `{reference}` run: no verdicts."]
-    return [
+    lines = [
         f"Mean ± 95% interval over seeds, best {metric} first. Verdict: the paired difference from `{reference}` on "
-        f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text(margin)}: {RULE}."
+        f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text(margin)}: {RULE}. "
+        "On par from δ: the smallest margin at which the verdict would be `on par` (the largest absolute end of the "
+        "90% interval), to read against your own δ."
     ]
+    control = find_control(summary)
+    if control is not None:
+        lines.append(
+            f"Δ / Δ control: the mechanism's Δ over the Δ of `{control['mechanism']}`, the no-attention control (each "
+            f"position sees only itself): 0 = {reference}'s {metric}, 1 = no better than no attention."
+        )
+    return lines
 
 
 def _best_first(s: dict[str, Any]) -> tuple[int, str]:
@@ -270,6 +305,15 @@ def format_difference(difference: PairedDifference | None, metric: str, *, inter
     return text
 
 
+def format_on_par_margin(difference: PairedDifference | None, metric: str) -> str:
+    """The smallest δ for ``on par``, in the difference's format; ``-`` for the reference or one seed."""
+    if difference is None or math.isnan(difference.on_par_margin):
+        return "-"
+    if math.isinf(difference.on_par_margin):
+        return "∞"
+    return f"{difference.on_par_margin:.3f}" if not metric.endswith("_per_s") else f"{difference.on_par_margin:,.0f}"
+
+
 def format_p(difference: PairedDifference | None) -> str:
     if difference is None or not math.isfinite(difference.p_value):
         return "-"
@@ -286,7 +330,8 @@ def _format_value(value: float, column: str) -> str:
 
 def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
     """The summary in at most 120 columns, best first: mechanism, short options, the primary metric (mean ± 95%
-    interval), the paired difference from the reference and its verdict, tokens/s and the memory training added.
+    interval), the paired difference from the reference, its verdict and the smallest margin for ``on par``,
+    tokens/s and the memory training added.
     The difference's interval and p-value are in ``summary.csv`` / ``summary.md``."""
     shown = [metric, "tokens_per_s", "train_mem_mb"]
     titles = {"tokens_per_s": "tokens/s", "train_mem_mb": "train MB"}
@@ -299,6 +344,7 @@ def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
     table.add_column(metric, justify="right")
     table.add_column(f"Δ vs {reference}"[:16], justify="right")
     table.add_column("verdict")
+    table.add_column("on par δ", justify="right")
     for column in shown[1:]:
         table.add_column(titles.get(column, column), justify="right")
     table.add_column("ok", justify="right")
@@ -310,7 +356,7 @@ def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
         styled = f"[{colours[verdict]}]{verdict}[/]" if verdict in colours else verdict
         difference = format_difference(s["difference"], metric, interval=False)
         table.add_row(escape(s["mechanism"]), escape(short_options(s["options"])), cells[0], difference, styled,
-                      *cells[1:], ok)  # fmt: skip
+                      format_on_par_margin(s["difference"], metric), *cells[1:], ok)  # fmt: skip
     out.print(table, width=min(120, out.width))
     for s in summary:
         if s["problems"]:

@@ -3,6 +3,7 @@ t quantiles (t_{0.975, 2} = 4.302653, t_{0.95, 2} = 2.919986, t_{0.975, 1} = 12.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import warnings
@@ -232,3 +233,29 @@ def test_zoo_report_uses_the_same_paired_verdicts(tmp_path):
     assert "| on par |" in next(line for line in report.splitlines() if line.startswith("| nystrom |"))
     assert "nystrom 5.0x (+0.001" in report and "on par)" in report and "local 2.0x (-0.097" in report
     assert (experiment / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_summary_gives_the_smallest_on_par_margin_and_the_gap_to_the_control(tmp_path):
+    from experiments.compare.summary import write_outputs
+
+    runs = rows({
+        "full": [0.90, 0.80, 0.95],
+        "nystrom": [0.85, 0.70, 0.92],
+        "self_only": [0.30, 0.25, 0.40],
+    })  # fmt: skip
+    summary = {s["mechanism"]: s for s in write_outputs(tmp_path, runs, ["# t"])}
+    nystrom, control = summary["nystrom"]["difference"], summary["self_only"]["difference"]
+    assert summary["nystrom"]["gap_fraction"] == pytest.approx(nystrom.mean / control.mean)
+    assert summary["self_only"]["gap_fraction"] == pytest.approx(1.0) and summary["full"]["gap_fraction"] is None
+    with open(tmp_path / "summary.csv") as file:
+        flat = {r["mechanism"]: r for r in csv.DictReader(file)}
+    assert float(flat["nystrom"]["on_par_margin"]) == pytest.approx(max(abs(nystrom.low90), abs(nystrom.high90)))
+    assert float(flat["nystrom"]["gap_fraction"]) == pytest.approx(nystrom.mean / control.mean)
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "| verdict | on par from δ | Δ / Δ control |" in markdown
+    line = next(row for row in markdown.splitlines() if row.startswith("| nystrom |"))
+    assert f"| {nystrom.on_par_margin:.3f} | {nystrom.mean / control.mean:.2f} |" in line
+    without = tmp_path / "without"
+    without.mkdir()
+    write_outputs(without, [r for r in runs if r["mechanism"] != "self_only"], ["# t"])
+    assert "Δ / Δ control" not in (without / "summary.md").read_text()
