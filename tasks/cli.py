@@ -32,7 +32,8 @@ the run folder this command created. A size that ``--ckpt_path`` overrides (Ligh
 the checkpoint's hyperparameters) is named in one ``zoo <command>: warning:`` line.
 
 A bad flag or config value is one line too (:func:`parser_error_line`: an unknown key with the nearest valid
-ones, a value of the wrong type with the types allowed) instead of jsonargparse's usage and nested message;
+ones, a value of the wrong type with the types allowed, a value outside a fixed set of choices with the choices)
+instead of jsonargparse's usage and nested message;
 a bare ``--verbose`` (``--verbose true|false`` stays Lightning's option of validate and test) or
 ``ZOO_VERBOSE=1`` prints that full message before the line.
 """
@@ -435,7 +436,8 @@ def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
 def parser_error_line(message: str) -> str:
     """The one useful line of a jsonargparse error message, which nests the error under every type of a Union
     it tried (about 60 lines with the usage): an unknown option with the nearest valid ones, a value of the
-    wrong type with the types allowed, an unrecognized argument, or else the message's first line."""
+    wrong type with the types allowed (a ``Literal``: its values), an unrecognized argument, or else the
+    message's first line."""
     first = message.strip().splitlines()[0] if message.strip() else message
     top = re.match(r'Parser key "([^"]+)"', first)
     unknown = re.search(r"class_path '([\w.]+)':\s*\n\s*Option '([^']+)' is not accepted", message)
@@ -462,7 +464,10 @@ def parser_error_line(message: str) -> str:
     if keys:
         inner = message[keys[-1].end() :]
         given = re.search(r"(?:Given|Got) value: (.*)", inner)
-        types = re.search(r"Subtypes: \[(.*)\]", inner) or re.search(r"Expected a (<class '[^']+'>)", inner)
+        # the key's own type comes first; a later "Expected a <class 'NoneType'>" is the enclosing Union's
+        types = re.search(r"Subtypes: \[(.*)\]", inner) or re.search(
+            r"Expected a (<class '[^']+'>|typing\.Literal\[.*?\])\. Got value", inner
+        )
         if given and types:
             name = ".".join(dict.fromkeys(k[1] for k in keys))
             return f"--{name} {given[1].strip()}: expected {_type_names(types[1])}"
@@ -492,10 +497,11 @@ def init_options(target: str | type) -> list[str]:
 
 
 def _type_names(types: str) -> str:
-    """``[dict[str, typing.Any], <class 'NoneType'>]`` -> ``dict[str, Any] or null``."""
+    """``[dict[str, typing.Any], <class 'NoneType'>]`` -> ``dict[str, Any] or null``; ``typing.Literal['a', 'b']``
+    -> ``one of 'a', 'b'``."""
     names = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", types).replace("typing.", "").replace("NoneType", "null")
     parts = [part.strip() for part in re.split(r",\s*(?![^\[]*\])", names)]
-    return " or ".join(parts)
+    return " or ".join(re.sub(r"^Literal\[(.*)\]$", r"one of \1", part) for part in parts)
 
 
 def run_fit(argv: list[str]) -> int:

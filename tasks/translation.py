@@ -1,5 +1,6 @@
 """Machine translation with an encoder-decoder Transformer (:class:`attention_zoo.seq2seq.Seq2SeqTransformer`),
-the experiment of the WMT14 Linformer report (the seed documents' ``002_*``) at the zoo's scale.
+the experiment of M. Pampaloni's WMT14 Linformer report ("Evaluating Linformer's performance on the WMT14 EN-DE
+machine translation task", 2024; no arXiv number) at the zoo's scale.
 
 Training: teacher forcing (decoder input BOS y_1 .. y_m, targets y_1 .. y_m EOS), label-smoothed
 cross-entropy (Szegedy et al. 2016; PyTorch's form: the target distribution is (1 - eps) one-hot + eps / V

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import numbers
 import os
 import tempfile
 import warnings
@@ -176,12 +177,18 @@ def load_or_build(path: Path, params: dict, build: Callable[[], Sequences]) -> S
     return data
 
 
+def is_count(value: object) -> bool:
+    """Whether ``value`` is an integer and not a bool (``True`` is an int to Python, never a count to a user)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def split_sizes(train_size: int, val_size: int, test_size: int) -> dict[Split, int]:
-    """``{"train": train_size, "val": val_size, "test": test_size}``; ValueError naming a size below 1."""
+    """``{"train": train_size, "val": val_size, "test": test_size}``; ValueError naming a size that is not an
+    int >= 1."""
     sizes: dict[Split, int] = {"train": train_size, "val": val_size, "test": test_size}
     for split, size in sizes.items():
-        if size < 1:
-            raise ValueError(f"{split}_size must be >= 1, got {size}")
+        if not is_count(size) or size < 1:
+            raise ValueError(f"{split}_size must be an int >= 1, got {size!r}")
     return sizes
 
 

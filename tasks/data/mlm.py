@@ -58,7 +58,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from tasks.data.base import IGNORE_INDEX, SPLITS, DataError, Sequences, Split, derive_seed, epoch_and_index
+from tasks.data.base import (
+    IGNORE_INDEX,
+    SPLITS,
+    DataError,
+    Sequences,
+    Split,
+    derive_seed,
+    epoch_and_index,
+    is_count,
+)
 from tasks.data.tokenize import MASK_ID, PAD_ID, SPECIAL_TOKENS, TokenizedDataModule, TokenizerKind, file_digest
 
 SKIPPED_FOLDERS = {"__pycache__", "site-packages", "dist-packages"}
@@ -188,10 +197,12 @@ class MaskedLMDataModule(TokenizedDataModule):
             raise FileNotFoundError(f"corpus_dir {str(self.corpus_dir)!r} is not a folder")
         self.file_pattern = file_pattern or ("*.py" if corpus_dir is None else "*.txt")
         for name, limit in (("max_files", max_files), ("max_bytes", max_bytes), ("eval_tokens", eval_tokens)):
-            if limit is not None and limit < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {limit}")
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+            if limit is not None and (not is_count(limit) or limit < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None, got {limit!r}")
+        if not is_count(max_seq_len) or max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be an int >= 2, got {max_seq_len!r}")
+        if not is_count(tokenizer_vocab_size):
+            raise ValueError(f"tokenizer_vocab_size must be an int, got {tokenizer_vocab_size!r}")
         if not 0 < mask_prob <= 1:
             raise ValueError(f"mask_prob must be in (0, 1], got {mask_prob}")
         if selection not in ("per_token", "fixed_count"):

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tasks.data.base import SPLITS, Split, derive_seed, write_atomically
+from tasks.data.base import SPLITS, DataError, Split, derive_seed, write_atomically
 from tasks.data.gettext_corpus import (
     PLACEHOLDER,
     catalog_paths,
@@ -198,12 +198,20 @@ def assemble_splits(
         dropped["train_size"] = len(documents["train"]) - train_size
         documents["train"] = documents["train"][:train_size]
     for split, docs in documents.items():
-        if not docs:
-            raise ValueError(
-                f"the {split} split is empty ({len(cleaned['train'])} training pairs, val_fraction="
-                f"{fractions['val']}, test_fraction={fractions['test']}, split_by={split_by!r}); give it data "
-                f"or a larger fraction"
-            )
+        if docs:
+            continue
+        origin = summary.get("origin")
+        if split != "train" and split in cleaned:  # the split has its own data, none of it usable
+            where, remedy = f"the {split} split of {origin}", "give it pairs"
+            if isinstance(origin, dict):  # files
+                where = f"{split}_data {origin[split]!r}"
+                remedy += f", or leave {split}_data unset to carve the split from train"
+            raise DataError(f"the {split} split is empty: {where} has no pair with both sides non-empty; {remedy}")
+        raise DataError(
+            f"the {split} split is empty ({len(cleaned['train'])} training pairs, val_fraction="
+            f"{fractions['val']}, test_fraction={fractions['test']}, split_by={split_by!r}); give it data "
+            f"or a larger fraction"
+        )
     messages = {split: [pair for doc in docs for pair in doc] for split, docs in documents.items()}
     train_sources = {source for source, _ in messages["train"]}
     train_keys = {normalise_source(source) for source in train_sources}

@@ -11,6 +11,10 @@ File formats, chosen by the path:
 - ``*.jsonl``: one JSON object per line; ``source_field`` and ``target_field`` name the fields, a dotted
   name reaching into nested objects (``translation.en`` reads Hugging Face's layout).
 
+A blank line (empty or whitespace only) means the same in every format: an empty pair in TSV and JSONL, an
+empty side in line-aligned files (where it keeps its place, so the lines after it stay aligned). It is not an
+error: the corpus drops the pair and counts it with the other empty pairs (``corpus_summary()["dropped"]["empty"]``).
+
 A UTF-8 byte order mark at the start of a file is dropped. Errors name the file and its real (1-based) line
 number. The Hugging Face reader takes the splits ``train``, ``validation`` and ``test``; rows with a
 ``translation`` column are read as ``translation[source_lang]`` / ``translation[target_lang]`` (the layout of
@@ -80,14 +84,16 @@ def read_pairs(path: str, *, source_lang: str, target_lang: str, source_field: s
         return list(zip(sources, targets, strict=True))
     pairs = []
     for number, line in enumerate(_lines(files[0]), start=1):
-        if path.endswith(".tsv"):
+        if not line.strip():
+            pairs.append(("", ""))
+        elif path.endswith(".tsv"):
             fields = line.split("\t")
             if len(fields) != 2:
                 raise DataError(
                     f"{files[0]}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)}"
                 )
             pairs.append((fields[0], fields[1]))
-        elif line.strip():
+        else:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
@@ -120,7 +126,7 @@ def read_hf_pairs(
             f"hf_dataset='json' and hf_data_files"
         ) from error
     if "train" not in dataset:
-        raise ValueError(f"Hugging Face dataset {name!r} has no 'train' split; it has {list(dataset)}")
+        raise DataError(f"Hugging Face dataset {name!r} has no 'train' split; it has {list(dataset)}")
     splits: dict[str, list[Pair] | None] = {}
     for split, hf_split in HF_SPLITS.items():
         if hf_split not in dataset:

@@ -37,6 +37,11 @@ CHUNK = 4096  # examples generated at once: bounds the (chunk, vocab_size / 2) r
 KVPlacement = Literal["start", "random"]
 
 
+def power_law_weights(space: int, power_a: float) -> Tensor:
+    """``(space,)`` float64: the unnormalised probability ``a (g + 1)^(a - 1)`` of each query gap ``g``."""
+    return power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+
+
 def generate_mqar(
     num_examples: int,
     *,
@@ -52,7 +57,7 @@ def generate_mqar(
     context = 2 * num_kv_pairs
     key_vocab = vocab_size // 2
     space = (seq_len - context) // 2
-    gap_weights = power_a * torch.arange(1, space + 1, dtype=torch.float64) ** (power_a - 1)
+    gap_weights = power_law_weights(space, power_a)
     slots = torch.arange(space)
     inputs, labels = [], []
     for start in range(0, num_examples, CHUNK):
@@ -132,8 +137,12 @@ class AssociativeRecallDataModule(ZooDataModule):
                 f"vocab_size={vocab_size} leaves {vocab_size // 2 - 1} key ids for {num_kv_pairs} distinct keys; "
                 f"use vocab_size >= {2 * num_kv_pairs + 2}"
             )
-        if power_a <= 0:
-            raise ValueError(f"power_a must be > 0, got {power_a}")
+        weights = power_law_weights((seq_len - 2 * num_kv_pairs) // 2, power_a)
+        if not (power_a > 0 and weights.isfinite().all() and weights.min() > 0):  # NaN fails every comparison
+            raise ValueError(
+                f"power_a must be a finite number > 0 whose gap weights a (g + 1)^(a - 1) are finite and positive "
+                f"for the gaps of seq_len={seq_len}; got {power_a}"
+            )
         self.sizes = split_sizes(train_size, val_size, test_size)
         if kv_placement not in ("start", "random"):
             raise ValueError(f"kv_placement must be 'start' or 'random', got {kv_placement!r}")

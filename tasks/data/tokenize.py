@@ -66,7 +66,10 @@ class TextTokenizer:
         texts: Sequence[str],
         vocab_size: int,
         special_tokens: Sequence[str] = SPECIAL_TOKENS,
+        max_token_bytes: int | None = None,
     ) -> TextTokenizer:
+        """A ``kind`` tokenizer trained on ``texts``; ``max_token_bytes`` (BPE only) caps the length of a learned
+        token, so that a text of b bytes has at least b / max_token_bytes tokens."""
         tk = _import_tokenizers()
         if kind == "bpe":
             tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
@@ -78,6 +81,7 @@ class TextTokenizer:
                 special_tokens=list(special_tokens),
                 initial_alphabet=alphabet,
                 show_progress=False,
+                max_token_length=max_token_bytes,  # byte-level: one character per byte
             )
         else:
             tokenizer = tk.Tokenizer(tk.models.WordPiece(unk_token="<unk>"))
@@ -147,9 +151,11 @@ def resolve_tokenizer(
     trained_path: Path | None,
     texts: Callable[[], list[str]],
     special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    max_token_bytes: int | None = None,
 ) -> TextTokenizer:
-    """The byte tokenizer; the one in ``tokenizer_file``; or one trained on ``texts()`` and saved at
-    ``trained_path`` (reused from there when it already exists)."""
+    """The byte tokenizer; the one in ``tokenizer_file``; or one trained on ``texts()`` (tokens of at most
+    ``max_token_bytes``, :meth:`TextTokenizer.train`) and saved at ``trained_path`` (reused from there when it
+    already exists)."""
     if kind == "byte":
         return TextTokenizer()
     if tokenizer_file is not None:
@@ -159,7 +165,7 @@ def resolve_tokenizer(
             return TextTokenizer.load(trained_path, kind, special_tokens)
         except Exception as error:  # an unreadable saved tokenizer is retrained
             warnings.warn(f"ignoring unusable tokenizer {trained_path} ({error}); retraining it", stacklevel=2)
-    tokenizer = TextTokenizer.train(kind, texts(), vocab_size, special_tokens)
+    tokenizer = TextTokenizer.train(kind, texts(), vocab_size, special_tokens, max_token_bytes)
     tokenizer.save(trained_path)
     return tokenizer
 

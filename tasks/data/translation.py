@@ -28,7 +28,11 @@ sources and targets only, cached by its parameters; ``<pad>`` 0, ``<bos>`` 4, ``
 text that sacreBLEU scores directly against the raw reference of :meth:`texts`. A pair whose source + EOS
 exceeds ``max_source_len`` or whose target + BOS/EOS exceeds ``max_target_len`` is an error by default
 (naming how many and the longest); ``overlong="drop"`` drops them, counted per split in
-:meth:`corpus_summary` and warned about.
+:meth:`corpus_summary` and warned about. A learned token is at most :data:`MAX_TOKEN_BYTES` bytes long, so a
+text of b UTF-8 bytes has at least b / MAX_TOKEN_BYTES tokens: a pair whose bytes alone exceed the limits is
+overlong under the same rule before any tokenizer exists. Such pairs are refused (or dropped and counted) before
+the BPE is trained, and are never part of its training text (training time grows with the square of the length
+of a text without spaces).
 
 Batches (the contract with :mod:`tasks.translation`):
 
@@ -56,6 +60,7 @@ from torch.utils.data import Dataset
 from tasks.data.base import (
     IGNORE_INDEX,
     SPLITS,
+    DataError,
     Sequences,
     Split,
     ZooDataModule,
@@ -74,6 +79,8 @@ from tasks.data.tokenize import (
 )
 
 Overlong = Literal["error", "drop"]
+#: the longest token the joint BPE may learn, in bytes: longer than the words of real text, so it rarely binds
+MAX_TOKEN_BYTES = 32
 
 
 class PairDataset(Dataset):
@@ -152,7 +159,8 @@ class TranslationDataModule(ZooDataModule):
         max_source_len: maximum source tokens, EOS included.
         max_target_len: maximum target tokens plus one (the BOS of ``target_in`` / EOS of ``target_out``).
         overlong: a longer pair is an ``"error"`` (default: raise, saying how many and the longest) or is
-            dropped (``"drop"``: counted per split in ``corpus_summary()``).
+            dropped (``"drop"``: counted per split in ``corpus_summary()``); a pair longer in bytes than
+            :data:`MAX_TOKEN_BYTES` per allowed token is found before the BPE is trained, and never trained on.
         split_by: what a carved split is drawn by: ``"source"`` (default: the hash of the source string),
             ``"normalised"`` (the hash of its near-duplicate key: case, punctuation, whitespace and printf /
             brace format specifiers removed, so near-duplicates never cross train/val/test) or ``"catalog"``
@@ -244,6 +252,7 @@ class TranslationDataModule(ZooDataModule):
         self.bos_id, self.eos_id = BOS_ID, EOS_ID
         self._corpus: dict | None = None
         self._tokenizer: TextTokenizer | None = None
+        self._overlong_by_bytes: dict[Split, set[int]] = {}
 
     def corpus(self) -> dict:
         """``{"splits": {split: [[source, target], ...]}, "summary": {...}}`` from the cache, or built."""
@@ -253,54 +262,92 @@ class TranslationDataModule(ZooDataModule):
         return self._corpus
 
     # ---- tokenisation ---------------------------------------------------------------------------------
+    def overlong_by_bytes(self, split: Split) -> set[int]:
+        """Indices of the ``split`` pairs whose UTF-8 length alone makes them overlong: more bytes than
+        :data:`MAX_TOKEN_BYTES` per token allows within ``max_source_len`` / ``max_target_len``."""
+        if split not in self._overlong_by_bytes:
+            most_source = MAX_TOKEN_BYTES * (self.max_source_len - 1)  # source tokens + <eos>
+            most_target = MAX_TOKEN_BYTES * (self.max_target_len - 1)  # target tokens + <bos> / <eos>
+            self._overlong_by_bytes[split] = {
+                i
+                for i, (source, target) in enumerate(self.corpus()["splits"][split])
+                if len(source.encode()) > most_source or len(target.encode()) > most_target
+            }
+        return self._overlong_by_bytes[split]
+
     @property
     def tokenizer(self) -> TextTokenizer:
-        """The joint BPE, trained on the training split's sources and targets (cached by its parameters)."""
+        """The joint BPE, trained on the training split's sources and targets except the pairs overlong by their
+        bytes alone (cached by its parameters)."""
         if self._tokenizer is None:
-            params = self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size}
+            params = self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size} | self._left_out_params()
+            left_out = self.overlong_by_bytes("train")
+            train = self.corpus()["splits"]["train"]
             self._tokenizer = resolve_tokenizer(
                 "bpe",
                 vocab_size=self.bpe_vocab_size,
                 tokenizer_file=None,
                 trained_path=cache_file(self.cache_dir, self.cache_name, "bpe", params).with_suffix(".json"),
-                texts=lambda: [text for pair in self.corpus()["splits"]["train"] for text in pair],
+                texts=lambda: [text for i, pair in enumerate(train) if i not in left_out for text in pair],
                 special_tokens=TRANSLATION_SPECIAL_TOKENS,
+                max_token_bytes=MAX_TOKEN_BYTES,
             )
         return self._tokenizer
 
+    def _left_out_params(self) -> dict:
+        """The cache-key entry of the training pairs left out of the BPE: present only when there are some, so
+        that the limits then key the BPE and the splits it tokenised, and every other cache keeps its key."""
+        if not self.overlong_by_bytes("train"):
+            return {}
+        return {"left_out_overlong": [self.max_source_len, self.max_target_len]}
+
     def cache_params(self) -> dict:
         lengths = {"max_source_len": self.max_source_len, "max_target_len": self.max_target_len}
-        return self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size, "overlong": self.overlong} | lengths
+        params = self.spec.params() | {"bpe_vocab_size": self.bpe_vocab_size, "overlong": self.overlong} | lengths
+        return params | self._left_out_params()
 
     def build_split(self, split: Split) -> Sequences:
         """Stored as source + EOS, target, source + EOS, ...; ``labels`` = each pair's index in the corpus split
         (twice), ``truncated`` = the number of over-long pairs dropped."""
         pairs = self.corpus()["splits"][split]
-        sources = self.tokenizer.encode([source for source, _ in pairs])
-        targets = self.tokenizer.encode([target for _, target in pairs])
-        lengths = [(len(s) + 1, len(t) + 1) for s, t in zip(sources, targets, strict=True)]
-        overlong = [i for i, (s, t) in enumerate(lengths) if s > self.max_source_len or t > self.max_target_len]
+        by_bytes = self.overlong_by_bytes(split)
+        limits = (
+            f"max_source_len={self.max_source_len} (source + <eos>) or max_target_len={self.max_target_len} "
+            f"(target + <bos>) tokens"
+        )
+        remedy = "set overlong='drop' to drop them (counted in corpus_summary()) or raise the limits"
+        if by_bytes and self.overlong == "error":
+            longest = max(by_bytes, key=lambda i: max(len(text.encode()) for text in pairs[i]))
+            raise DataError(
+                f"{len(by_bytes)} of {len(pairs)} {split} pairs are longer than {limits} by their length alone "
+                f"(a token holds at most {MAX_TOKEN_BYTES} bytes; e.g. pair {longest}: "
+                f"{max(len(text.encode()) for text in pairs[longest])} bytes, {pairs[longest][0][:60]!r}); {remedy}"
+            )
+        measured = [i for i in range(len(pairs)) if i not in by_bytes]
+        sources = self.tokenizer.encode([pairs[i][0] for i in measured])
+        targets = self.tokenizer.encode([pairs[i][1] for i in measured])
+        ids = dict(zip(measured, zip(sources, targets, strict=True), strict=True))
+        lengths = {i: (len(s) + 1, len(t) + 1) for i, (s, t) in ids.items()}
+        overlong = [i for i, (s, t) in lengths.items() if s > self.max_source_len or t > self.max_target_len]
         if overlong and self.overlong == "error":
             longest = max(
                 overlong, key=lambda i: max(lengths[i][0] / self.max_source_len, lengths[i][1] / self.max_target_len)
             )
-            raise ValueError(
-                f"{len(overlong)} of {len(pairs)} {split} pairs are longer than max_source_len={self.max_source_len} "
-                f"(source + <eos>) or max_target_len={self.max_target_len} (target + <bos>) tokens; the longest "
+            raise DataError(
+                f"{len(overlong)} of {len(pairs)} {split} pairs are longer than {limits}; the longest "
                 f"sources have {max(lengths[i][0] for i in overlong)} tokens, the longest targets "
-                f"{max(lengths[i][1] for i in overlong)} (e.g. pair {longest}: {pairs[longest][0][:60]!r}); "
-                f"set overlong='drop' to drop them (counted in corpus_summary()) or raise the limits"
+                f"{max(lengths[i][1] for i in overlong)} (e.g. pair {longest}: {pairs[longest][0][:60]!r}); {remedy}"
             )
-        if len(overlong) == len(pairs):
-            raise ValueError(
+        dropped = by_bytes | set(overlong)
+        if len(dropped) == len(pairs):
+            raise DataError(
                 f"all {len(pairs)} {split} pairs are longer than max_source_len={self.max_source_len} or "
                 f"max_target_len={self.max_target_len} tokens; raise the limits"
             )
-        dropped = set(overlong)
-        kept = [i for i in range(len(pairs)) if i not in dropped]
-        sequences = [ids for i in kept for ids in (torch.cat([sources[i], torch.tensor([EOS_ID])]), targets[i])]
+        kept = [i for i in measured if i not in dropped]
+        sequences = [part for i in kept for part in (torch.cat([ids[i][0], torch.tensor([EOS_ID])]), ids[i][1])]
         index = torch.tensor([i for i in kept for _ in range(2)], dtype=torch.int64)
-        return Sequences.from_tensors(sequences, index, truncated=len(overlong))
+        return Sequences.from_tensors(sequences, index, truncated=len(dropped))
 
     def truncation_warning(self, split: Split, data: Sequences) -> str:
         return (

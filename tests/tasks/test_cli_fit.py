@@ -191,6 +191,24 @@ def test_wrong_attention_option_fails_before_training_listing_the_options(tmp_pa
     assert not any(runs.rglob("*.ckpt"))
 
 
+@pytest.mark.parametrize(
+    ("config", "flag", "allowed"),
+    [
+        ("recall", "--data.kv_placement", "'start', 'random'"),
+        ("mlm", "--data.selection", "'per_token', 'fixed_count'"),
+        ("translation", "--data.split_by", "'source', 'normalised', 'catalog'"),
+        ("recall", "--model.positional", "'learned', 'sinusoidal'"),
+    ],
+)
+def test_a_bad_fixed_choice_names_the_value_and_the_choices_in_one_line(config, flag, allowed, tmp_path, capsys):
+    """Not "expected null": the enclosing Union's other member, which jsonargparse lists after the option's own type."""
+    args = ["fit", "-c", str(CONFIGS / f"{config}.yaml"), flag, "middle"]
+    assert cli.main([*args, "--trainer.logger.init_args.save_dir", str(tmp_path / "runs")]) == 2
+    more = "(--verbose or ZOO_VERBOSE=1: the parser's full message)"
+    assert capsys.readouterr().err == f"zoo fit: error: {flag} middle: expected one of {allowed} {more}\n"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_pretrain_mlm_then_finetune_text_classification(tmp_path, reviews_csv, capsys):
     runs = tmp_path / "runs"
     assert cli.main(["fit", *tiny_args("mlm", runs, reviews_csv)]) == 0

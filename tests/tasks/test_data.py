@@ -355,6 +355,14 @@ def test_recall_rejects_an_unknown_placement(tmp_path):
         recall(tmp_path, kv_placement="middle")
 
 
+@pytest.mark.parametrize("power_a", [float("nan"), float("inf"), float("-inf"), 0.0, 500.0])
+def test_recall_refuses_a_power_a_without_finite_positive_gap_weights(tmp_path, power_a):
+    """NaN fails every comparison (``power_a <= 0`` alone lets it through); infinities and huge exponents give
+    weights torch's sampler refuses only when the data is built: the constructor refuses them in one line."""
+    with pytest.raises(ValueError, match=rf"power_a must be a finite number > 0 .* seq_len=64; got {power_a}$"):
+        recall(tmp_path, power_a=power_a)
+
+
 def test_recall_is_deterministic_and_seeded(tmp_path):
     assert split_items(recall(tmp_path / "a"), "val") == split_items(recall(tmp_path / "b"), "val")
     assert split_items(recall(tmp_path / "a"), "val") != split_items(recall(tmp_path / "c", seed=1), "val")
@@ -713,6 +721,7 @@ def test_loader_options_reach_the_base(tmp_path):
 
 @pytest.mark.parametrize("size", ["train_size", "val_size", "test_size"])
 @pytest.mark.parametrize("module", [ListOpsDataModule, AssociativeRecallDataModule, MajorityDataModule])
-def test_generated_splits_need_at_least_one_example(module, size, tmp_path):
-    with pytest.raises(ValueError, match=f"^{size} must be >= 1, got 0$"):
-        module(**{size: 0}, cache_dir=str(tmp_path))
+@pytest.mark.parametrize("value", [0, True])
+def test_generated_splits_need_at_least_one_example(module, size, value, tmp_path):
+    with pytest.raises(ValueError, match=f"^{size} must be an int >= 1, got {value}$"):
+        module(**{size: value}, cache_dir=str(tmp_path))

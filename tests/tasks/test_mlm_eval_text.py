@@ -49,8 +49,18 @@ def test_training_keeps_its_whole_split(corpus, tmp_path):
 def test_an_eval_split_shorter_than_eval_tokens_is_an_error_naming_both(corpus, tmp_path):
     with pytest.raises(DataError, match="the val part of the corpus has 800 tokens, fewer than eval_tokens=801"):
         module(corpus, tmp_path, eval_tokens=801).load_split("val")
-    with pytest.raises(ValueError, match="eval_tokens must be >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="eval_tokens must be an int >= 1 or None, got 0"):
         module(corpus, tmp_path, eval_tokens=0)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("eval_tokens", True), ("eval_tokens", 300.0), ("max_bytes", False), ("max_seq_len", True)],
+)
+def test_a_bool_or_float_is_not_a_count(corpus, tmp_path, option, value):
+    """``True`` is an int to Python: ``eval_tokens=True`` was one evaluation token."""
+    with pytest.raises(ValueError, match=rf"{option} must be an int >= \d( or None)?, got {value!r}"):
+        module(corpus, tmp_path, **{option: value})
 
 
 def test_the_cache_tells_eval_tokens_apart_and_keeps_the_old_key_without_it(corpus, tmp_path):

@@ -23,7 +23,7 @@ from tasks.data.parallel_corpus import carve, source_hash
 from tasks.data.parallel_text import data_files, read_pairs
 from tasks.data.synthetic_translation import Lexicon, synthetic_pairs
 from tasks.data.tokenize import BOS_ID, EOS_ID, PAD_ID, TextTokenizer
-from tasks.data.translation import TranslationDataModule
+from tasks.data.translation import MAX_TOKEN_BYTES, TranslationDataModule
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "translation"
 SMALL = dict(bpe_vocab_size=400, val_fraction=0.2, test_fraction=0.2, batch_size=4)
@@ -405,6 +405,70 @@ def test_files_with_own_val_and_test_keep_them_in_order_and_report_overlap(tmp_p
     assert summary["eval_sources_in_train"] == {"val": 6, "test": 3} and summary["dropped"]["empty"] == 1
 
 
+@pytest.mark.parametrize("name", ["blank.tsv", "blank.jsonl"])
+def test_a_blank_line_is_an_empty_pair_in_tsv_and_jsonl_alike(tmp_path, name):
+    """One policy for both formats: a blank line (empty or whitespace only) is an empty pair, dropped and
+    counted, never an error."""
+    pairs = [line.split("\t") for line in (FIXTURES / "tiny.tsv").read_text().splitlines()]
+    rows = (
+        ["\t".join(pair) for pair in pairs]
+        if name.endswith(".tsv")
+        else [json.dumps({"source": source, "target": target}) for source, target in pairs]
+    )
+    rows[3:3] = [""]
+    rows[10:10] = [" \t "[1:] if name.endswith(".tsv") else "   "]  # whitespace only
+    (tmp_path / name).write_text("\n".join(rows) + "\n\n")  # and a trailing blank line
+    fields = dict(source_lang="en", target_lang="de", source_field="source", target_field="target")
+    assert read_pairs(str(tmp_path / name), **fields).count(("", "")) == 3
+    dm = TranslationDataModule(source="files", train_data=str(tmp_path / name), cache_dir=str(tmp_path), **SMALL)
+    splits, summary = dm.corpus()["splits"], dm.corpus()["summary"]
+    assert sorted(pair for split in splits.values() for pair in split) == sorted(pairs)
+    assert summary["dropped"]["empty"] == 3
+
+
+def test_a_long_line_without_spaces_is_refused_before_the_bpe_is_trained(tmp_path, monkeypatch):
+    """BPE training time grows with the square of the length of a text without spaces: a pair whose bytes alone
+    exceed the limits is overlong before any tokenizer exists, and is refused, or dropped, counted and never
+    trained on."""
+    long_line = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz", k=400_000))
+    tiny = (FIXTURES / "tiny.tsv").read_text()
+    (tmp_path / "train.tsv").write_text(tiny + f"{long_line}\tkurz\n")
+    options = dict(source="files", train_data=str(tmp_path / "train.tsv"), val_data=str(FIXTURES / "tiny.tsv"))
+    options |= dict(test_data=str(FIXTURES / "tiny.tsv"), max_source_len=64, max_target_len=64, **SMALL)
+    trained = []
+    train = TextTokenizer.train
+
+    def recording_train(kind, texts, vocab_size, special_tokens, max_token_bytes=None):
+        trained.append(max(map(len, texts)))
+        assert trained[-1] < 1000, "the BPE is being trained on the long line"
+        return train(kind, texts, vocab_size, special_tokens, max_token_bytes)
+
+    monkeypatch.setattr(TextTokenizer, "train", staticmethod(recording_train))
+    refusing = TranslationDataModule(**options, cache_dir=str(tmp_path / "error"))
+    message = rf"^1 of 25 train pairs .* by their length alone .*: 400000 bytes, '{long_line[:60]}'"
+    with pytest.raises(DataError, match=message):
+        refusing.prepare_data()
+    assert trained == []
+    dropping = TranslationDataModule(**options, overlong="drop", cache_dir=str(tmp_path / "drop"))
+    with pytest.warns(UserWarning, match="dropped 1 of 25 train pairs"):
+        dropping.prepare_data()
+    assert len(trained) == 1
+    assert dropping.corpus_summary()["dropped"]["overlong"] == {"train": 1, "val": 0, "test": 0}
+    assert long_line not in dropping.texts("train")[0] and len(dropping.texts("train")[0]) == 24
+    plain = TranslationDataModule(**(options | {"train_data": str(FIXTURES / "tiny.tsv")}), cache_dir=str(tmp_path))
+    assert "left_out_overlong" in dropping.cache_params() and "left_out_overlong" not in plain.cache_params()
+
+
+def test_the_bpe_learns_no_token_longer_than_the_bound_of_the_length_check(tmp_path):
+    """The length check before training counts on every token holding at most MAX_TOKEN_BYTES bytes."""
+    word = "".join(random.Random(1).choices("abcdefghijklmnopqrstuvwxyz", k=80))
+    lines = [f"{word} {i}\t{word} {i}" for i in range(40)]  # a long word seen often: BPE would learn it whole
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    dm = TranslationDataModule(source="files", train_data=str(tmp_path / "train.tsv"), cache_dir=str(tmp_path), **SMALL)
+    longest = max(len(token) for token in dm.tokenizer.subword.get_vocab())
+    assert longest <= MAX_TOKEN_BYTES < len(word)  # without the bound, the word is one 80-byte token
+
+
 def test_hf_source_reads_local_json_with_the_real_datasets_package(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf")  # not the user's cache
@@ -464,9 +528,9 @@ def test_bpe_is_trained_on_the_training_split_only_and_cached(tmp_path, monkeypa
     seen = []
     train = TextTokenizer.train
 
-    def recording_train(kind, texts, vocab_size, special_tokens):
+    def recording_train(kind, texts, vocab_size, special_tokens, max_token_bytes=None):
         seen.append(list(texts))
-        return train(kind, texts, vocab_size, special_tokens)
+        return train(kind, texts, vocab_size, special_tokens, max_token_bytes)
 
     monkeypatch.setattr(TextTokenizer, "train", staticmethod(recording_train))
     options = dict(source="synthetic", synthetic_pairs=80, cache_dir=str(tmp_path), **SMALL)
@@ -520,5 +584,14 @@ def test_option_errors(tmp_path, options, message):
 
 def test_empty_split_is_an_error(tmp_path):
     dm = TranslationDataModule(source="synthetic", synthetic_pairs=20, val_fraction=0.0, cache_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="the val split is empty"):
+    with pytest.raises(DataError, match="the val split is empty"):
+        dm.corpus()
+
+
+def test_an_empty_val_file_is_named(tmp_path):
+    (tmp_path / "val.tsv").write_text("\n \t \n")
+    train, val = str(FIXTURES / "tiny.tsv"), str(tmp_path / "val.tsv")
+    dm = TranslationDataModule(source="files", train_data=train, val_data=val, cache_dir=str(tmp_path), **SMALL)
+    message = f"the val split is empty: val_data {val!r} has no pair with both sides non-empty; give it pairs, "
+    with pytest.raises(DataError, match=re.escape(message + "or leave val_data unset to carve the split from train")):
         dm.corpus()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,52 @@ def test_non_causal_decoder_attention_fails_before_training(tmp_path, capsys):
     assert "zoo fit: error:" in error and "decoder_attention 'linformer' is not causal" in error
     assert all(name in error for name in causal_cores())
     assert not any(runs.rglob("*.ckpt")) and not any(runs.rglob("events.*"))
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "translation"
+FRACTIONS = ["--data.val_fraction", "0.2", "--data.test_fraction", "0.2"]  # no split of the 24 pairs is empty
+
+
+def empty_train(folder: Path) -> list[str]:
+    (folder / "empty.tsv").write_text("\t\n \t \n")
+    return ["--data.train_data", str(folder / "empty.tsv")]
+
+
+def empty_val(folder: Path) -> list[str]:
+    (folder / "val.tsv").write_text("")
+    return ["--data.train_data", str(FIXTURES / "tiny.tsv"), "--data.val_data", str(folder / "val.tsv")]
+
+
+def overlong_pair(folder: Path) -> list[str]:
+    return ["--data.train_data", str(FIXTURES / "tiny.tsv"), "--data.max_source_len", "8", *FRACTIONS]
+
+
+def long_line(folder: Path) -> list[str]:
+    line = "".join(random.Random(0).choices("abcdefghijklmnopqrstuvwxyz", k=100_000))  # no spaces, no period
+    (folder / "long.tsv").write_text((FIXTURES / "tiny.tsv").read_text() + f"{line}\tkurz\n")
+    return ["--data.train_data", str(folder / "long.tsv"), *FRACTIONS]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (empty_train, "the train split is empty (0 training pairs"),
+        (empty_val, "the val split is empty: val_data "),
+        (overlong_pair, "pairs are longer than max_source_len=8 (source + <eos>)"),
+        (long_line, "pairs are longer than max_source_len=16 (source + <eos>) or max_target_len=20 (target + <bos>) "
+                    "tokens by their length alone"),
+    ],
+    ids=["empty-train", "empty-val", "overlong", "long-line"],
+)  # fmt: skip
+def test_a_data_error_while_preparing_the_data_is_one_line(data, message, tmp_path, capsys):
+    """Raised inside the Trainer (prepare_data): one error line and exit code 2, no traceback, no run folder."""
+    runs = tmp_path / "runs"
+    assert cli.main(["fit", *tiny_args(runs), "--data.source", "files", *data(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "Traceback" not in error
+    lines = [line for line in error.splitlines() if "error" in line.lower()]  # not Lightning's INFO lines
+    assert len(lines) == 1 and lines[0].startswith("zoo fit: error: ") and message in lines[0], error
+    assert not any(runs.rglob("events.*"))
 
 
 def test_a_task_is_linked_only_the_sizes_its_init_takes(tmp_path):
