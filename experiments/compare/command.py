@@ -9,11 +9,15 @@ Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml
 sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies.
 
 ``--attentions`` is a comma-separated list; ``name:opt=value`` starts an entry with options and further
-``opt=value`` items add to it (``linformer:k=32,sharing=kv,local:window=16``); values are YAML. An entry
+``opt=value`` items, after a comma or a colon, add to it (``linformer:k=32,sharing=kv,local:window=16``, or
+``nystrom:num_landmarks=8:pinv=exact``); values are taken as typed (:func:`option_value`). An entry
 without options takes them from the config's ``options`` section, else the mechanism's defaults. Without
 ``--attentions``, the config's ``attentions`` list, else every registered mechanism that takes padding
-masks. Arguments after ``--`` go to every ``zoo fit``. Every entry is built (model and data module, no
-training) before anything runs: a bad name or option stops the comparison with every bad entry listed.
+masks. The same mechanism with the same options listed twice (in any order) is refused. ``--control`` adds
+the no-attention control arm, the registered core ``self_only`` (each position attends only to itself), as if
+it were listed by name, unless the list has it. Arguments after ``--`` go to every ``zoo fit``. Every entry is
+built (model and data module, no training) before anything runs: a bad name or option stops the comparison
+with every bad entry listed.
 
 ``--seeds N`` trains each mechanism with seeds ``seed .. seed + N - 1``: the seed sets the model's
 initialisation (``seed_everything``) and the training order (``data.shuffle_seed``, where the data module
@@ -21,7 +25,10 @@ has it); the data themselves stay the same. Runs go seed by seed (every mechanis
 then the second...), so an interrupted comparison has whole seeds done. The summary gives mean ± std and
 a 95% interval per mechanism, and each mechanism's paired difference from ``--reference`` (default ``full``)
 with its verdict by the rule of ``experiments/stats.py`` (``on par`` within ``--margin``, ``better``,
-``worse`` or ``inconclusive``).
+``worse`` or ``inconclusive``). A ``--reference`` that is none of the entries is refused before anything runs
+(left out, it is ``full``, and a comparison without ``full`` has no verdicts); ``--metric`` must be a metric
+column (``val_*``, ``test_*``, ``decode_*``, or a throughput, memory or time column), and one that the first
+finished run did not log stops the comparison there, with the metrics it logged, before the other runs.
 
 Each run trains in its own ``zoo fit`` process (``threads`` torch threads), so a crash or an out-of-memory
 error stays its own and the peak memory is that run's alone; the processes are forked from one that has
@@ -37,10 +44,18 @@ beam search, chrF, decoding speed); the test metrics join the run's row (``test_
 Rerunning the same command resumes: runs that finished are kept, unfinished ones continue from their last
 checkpoint (or start over), missing ones run; more ``--seeds`` add runs. An experiment directory that
 holds a different comparison is never touched: the command stops and says so. ``--fresh`` starts a new
-directory (``<experiment>-2``, ...). Ctrl-C stops the running run cleanly, writes the summary of what
-finished (the rest marked interrupted or not run) and exits with 130. One command at a time per experiment: a
-second one stops with one error line (``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock
-that another host holds).
+directory (``<experiment>-2``, ...). A run that cannot continue (its ``last.ckpt`` unreadable) fails with its
+name while the others run; ``--restart <label>/seed-<s>[,...]`` deletes those runs' folders and trains them anew,
+and touches no other run. A ``compare.yaml`` that cannot be read stops the command with one line: restore it,
+delete it (the folder's runs are then resumed under the command's settings) or pass ``--fresh``.
+
+The files an experiment holds name no path of the machine: ``compare.yaml`` and the summaries name files
+relative to the working directory (or to the checkout), and each run's logs, ``run.json`` and ``config.yaml``
+are rewritten when its process ends (``experiments/compare/runs.py``).
+
+Ctrl-C stops the running run cleanly, writes the summary of what finished (the rest marked interrupted or not
+run) and exits with 130. One command at a time per experiment: a second one stops with one error line
+(``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock that another host holds).
 
 ``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
 the cluster at ``--ray_address`` (``experiments/ray_launcher.py``); the default ``local`` never imports Ray.
@@ -54,6 +69,7 @@ import logging
 import os
 import platform
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -69,8 +85,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 import attention_zoo as az
 from experiments.compare import preload
 from experiments.compare.lock import ExperimentLocked, experiment_lock
-from experiments.compare.runs import Entry, Run, RunSettings, attempt, is_finished, is_tested, run_row
-from experiments.compare.summary import format_interval, primary_metric, print_table, write_outputs
+from experiments.compare.runs import (
+    METRIC_STAGES,
+    RUN_RECORD,
+    Entry,
+    Run,
+    RunSettings,
+    attempt,
+    is_finished,
+    is_tested,
+    resolve_shown,
+    run_row,
+    shown_path,
+)
+from experiments.compare.summary import (
+    CONTROL,
+    CORE_METRICS,
+    format_interval,
+    metric_columns,
+    primary_metric,
+    print_table,
+    write_outputs,
+)
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
 from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
@@ -84,6 +120,12 @@ RESUMABLE_CHANGES = (
     "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", "force_unlock",
     *LAUNCHER_SETTINGS,
 )  # fmt: skip
+#: paths of compare.yaml that name one place however they are written (relative or not)
+PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
+#: the largest seed Lightning's seed_everything takes (numpy's seeds are unsigned 32-bit)
+MAX_SEED = 2**32 - 1
+#: an option after a colon: ``nystrom:num_landmarks=8:pinv=exact`` (a value such as ``8:10`` stays whole)
+OPTION_SEPARATOR = re.compile(r":(?=\s*[A-Za-z_]\w*\s*=)")
 
 
 def build_parser() -> ArgumentParser:
@@ -103,7 +145,9 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
     parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
-    parser.add_argument("--seed", type=int, default=0, help="the first seed (model initialisation, data order)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help=f"the first seed, 0 to {MAX_SEED} (model initialisation, data order)"
+    )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per mechanism: seed, seed + 1, ...")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
     parser.add_argument("--runs_dir", type=str, default="runs", help="where the experiment directory goes")
@@ -112,8 +156,20 @@ def build_parser() -> ArgumentParser:
         "--metric", type=str | None, default=None, help="order and judge by this metric (default: val_acc, ...)"
     )
     parser.add_argument(
-        "--reference", type=str, default="full", help="the mechanism every verdict compares with (paired by seed)"
-    )
+        "--reference", type=str | None, default=None,
+        help="the entry every verdict compares with (paired by seed): a label, or a mechanism listed once "
+        "(default: full)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--control", type=bool, nargs="?", const=True, default=False,
+        help=f"add the no-attention control arm, {CONTROL} (each position attends only to itself), unless listed; "
+        "--control alone or --control true",
+    )  # fmt: skip
+    parser.add_argument(
+        "--restart", type=str | None, default=None,
+        help="comma-separated runs, <label>/seed-<s> (e.g. linformer/seed-1), to delete and train anew: a run "
+        "that cannot continue (unreadable checkpoint); the other runs are kept",
+    )  # fmt: skip
     parser.add_argument(
         "--margin", type=float | None, default=None,
         help="equivalence margin δ in the metric's units (default: acc 0.01, loss 0.02, BLEU 0.5, ppl 2%% of the "
@@ -158,22 +214,24 @@ def parse_attentions(text: str) -> list[tuple[str, dict[str, Any] | None]]:
     entries: list[tuple[str, dict[str, Any] | None]] = []
     for item in (part.strip() for part in text.split(",")):
         if ":" in item:
-            name, option = item.split(":", 1)
+            name, rest = item.split(":", 1)
             entries.append((name.strip(), {}))
+            options = OPTION_SEPARATOR.split(rest)
         elif "=" in item:
             if not entries or entries[-1][1] is None:
                 raise ValueError(f"--attentions: option {item!r} follows no 'name:' entry (write name:{item})")
-            option = item
+            options = [item]
         else:
             if item:
                 entries.append((item, None))
             continue
-        key, sep, value = option.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--attentions: {item!r} is not name:option=value")
-        if key.strip() in entries[-1][1]:
-            raise ValueError(f"--attentions: option {key.strip()!r} given twice for {entries[-1][0]!r}")
-        entries[-1][1][key.strip()] = option_value(value)
+        for option in options:
+            key, sep, value = option.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"--attentions: {item!r} is not name:option=value")
+            if key.strip() in entries[-1][1]:
+                raise ValueError(f"--attentions: option {key.strip()!r} given twice for {entries[-1][0]!r}")
+            entries[-1][1][key.strip()] = option_value(value)
     return entries
 
 
@@ -195,9 +253,12 @@ def default_attentions() -> list[str]:
     return az.list_attentions(mask=True)
 
 
-def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Entry]:
-    """The mechanisms, in order; raises ValueError for an unknown name or a repeated entry."""
+def plan(attentions: str | None, options: dict[str, dict[str, Any]], *, control: bool = False) -> list[Entry]:
+    """The mechanisms, in order; ``control`` adds the control arm (:data:`CONTROL`, as if listed by name) unless
+    the list has it. Raises ValueError for an unknown name or a repeated entry."""
     requested = parse_attentions(attentions) if attentions is not None else [(n, None) for n in default_attentions()]
+    if control and all(name != CONTROL for name, _ in requested):
+        requested.append((CONTROL, None))
     entries = []
     unknown = [name for name, _ in requested if name not in az.list_attentions()]
     if unknown:
@@ -224,14 +285,61 @@ def plan(attentions: str | None, options: dict[str, dict[str, Any]]) -> list[Ent
     return entries
 
 
-def shown_path(path: str) -> str:
-    """``path`` as written into summaries and logs: relative to the working directory when below it (a results
-    folder then names no path of the machine that made it), else normalised and absolute."""
-    normal = Path(os.path.normpath(path))
-    try:
-        return str(normal.relative_to(Path.cwd()))
-    except ValueError:
-        return str(normal)
+def reference_problem(reference: str | None, entries: list[Entry]) -> str | None:
+    """Why ``--reference`` names no single entry (None when it does, or when it was left out): it must be an
+    entry's label, or the mechanism of exactly one entry (as the summary finds it)."""
+    if reference is None or any(e.label == reference for e in entries):
+        return None
+    named = [e.label for e in entries if e.attention == reference]
+    if len(named) == 1:
+        return None
+    if named:
+        return f"--reference {reference!r} names {len(named)} entries ({', '.join(named)}); give one of these labels"
+    labels = ", ".join(e.label for e in entries)
+    return f"--reference {reference!r} is none of the entries; choose one of {labels} (left out: full)"
+
+
+def metric_name_problem(metric: str | None) -> str | None:
+    """Why ``--metric`` cannot be a metric column of ``runs.csv`` whatever the task logs (None when it can)."""
+    if metric is None or metric in CORE_METRICS or metric.startswith(tuple(f"{s}_" for s in METRIC_STAGES)):
+        return None
+    return (
+        f"--metric {metric!r} is no metric column; give val_<name>, test_<name> (with --test), decode_<name>, or one "
+        f"of {', '.join(CORE_METRICS)}"
+    )
+
+
+def unlogged_metric(metric: str | None, run: Run, row: dict[str, Any]) -> str | None:
+    """Why ``metric`` cannot judge the comparison, seen in the row of a finished run: the run did not log it
+    (None when it did, or when ``metric`` is None or the run did not finish)."""
+    if metric is None or row["status"] != "ok":
+        return None
+    logged = [m for m in metric_columns([row]) if isinstance(row.get(m), (int, float))]
+    if metric in logged:
+        return None
+    return (
+        f"--metric {metric!r}: the run {run.name} logged no such metric; it logged {', '.join(logged)} (finished runs "
+        "are kept: rerun with one of these to resume)"
+    )
+
+
+def restarted_runs(text: str | None, runs: list[Run]) -> list[Run]:
+    """The runs ``--restart`` names (comma-separated ``<label>/seed-<s>``); ValueError for a name that is no run
+    of this comparison."""
+    if text is None:
+        return []
+    by_name = {run.name: run for run in runs}
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in by_name]
+    if unknown or not names:
+        labels = ", ".join(dict.fromkeys(run.entry.label for run in runs))
+        seeds = sorted({run.seed for run in runs})
+        given = ", ".join(map(repr, unknown)) if unknown else repr(text)
+        raise ValueError(
+            f"--restart {given}: no run of this comparison; runs are <label>/seed-<s> with label {labels} and s "
+            f"{seeds[0]}..{seeds[-1]} (e.g. {runs[0].name})"
+        )
+    return [by_name[name] for name in dict.fromkeys(names)]
 
 
 def check_entries(
@@ -284,8 +392,10 @@ def entry_problems(problems: list[tuple[str, str]], total: int) -> str:
 
 
 def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fresh: bool) -> tuple[Path, bool]:
-    """``(directory, resuming)``: ``runs_dir/name`` when it is new or holds this same comparison (resume),
-    a new ``name-2``, ``name-3``... with ``fresh``; ValueError when it holds a different comparison."""
+    """``(directory, resuming)``: ``runs_dir/name`` when it is new or holds this same comparison (resume), or
+    holds runs without a ``compare.yaml`` (deleted because it was corrupt: resumed under ``identity``); a new
+    ``name-2``, ``name-3``... with ``fresh``. ValueError when it holds a different comparison, is no
+    comparison, or its ``compare.yaml`` cannot be read."""
     unprintable = any(not c.isprintable() for c in name)
     if not name or name in (".", "..") or "/" in name or "\\" in name or unprintable or len(name.encode()) > 255:
         raise ValueError(
@@ -296,8 +406,10 @@ def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fr
     if path.exists() and not fresh:
         saved = path / "compare.yaml"
         if not saved.is_file():
+            if any(path.glob(f"*/seed-*/{RUN_RECORD}")):
+                return path, True
             raise ValueError(f"{path} exists but is not a zoo compare experiment; choose another --experiment")
-        earlier, identity = _identity(yaml.safe_load(saved.read_text()) or {}), _identity(identity)
+        earlier, identity = _identity(read_saved_config(saved)), _identity(identity)
         if earlier != identity:
             changed = sorted(k for k in set(earlier) | set(identity) if earlier.get(k) != identity.get(k))
             raise ValueError(
@@ -315,12 +427,36 @@ def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fr
     raise RuntimeError(f"no free experiment directory for {name!r} under {runs_dir}")
 
 
+def read_saved_config(saved: Path) -> dict[str, Any]:
+    """An experiment's ``compare.yaml``; ValueError, one line with the ways out, when it cannot be read."""
+    try:
+        config = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        why = f"not YAML{where}: {getattr(error, 'problem', None) or error}"
+    else:
+        if isinstance(config, dict):
+            return config
+        kinds = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        why = "is empty" if config is None else f"holds {kinds.get(type(config), 'a value')}, not a mapping of settings"
+    raise ValueError(
+        f"{shown_path(saved)} is corrupt ({why}); it records which comparison {shown_path(saved.parent)} holds: "
+        "restore it, or delete it to resume that folder's runs under this command's settings, or pass --fresh for "
+        "a new directory"
+    )
+
+
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    """What makes a comparison the same one; the task config by the file it names (``a/../configs/x.yaml``,
-    a link to it and the file itself are one config)."""
+    """What makes a comparison the same one; a path by the place it names (``a/../configs/x.yaml``, a link to
+    it, the file itself and its path relative to the working directory or the checkout are one config); no
+    control arm is the same as ``control: false`` (a compare.yaml written before the flag existed)."""
     identity = {k: v for k, v in config.items() if k not in RESUMABLE_CHANGES}
-    if isinstance(identity.get("task_config"), str):
-        identity["task_config"] = os.path.realpath(identity["task_config"])
+    for key in PATH_SETTINGS:
+        if isinstance(identity.get(key), str):
+            identity[key] = os.path.realpath(resolve_shown(identity[key]))
+    if not identity.get("control"):
+        identity.pop("control", None)
     return identity
 
 
@@ -361,6 +497,12 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         parser.error(f"--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got {config.seed}")
     if config.seeds < 1 or config.threads < 1:
         parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
+    if config.seed + config.seeds - 1 > MAX_SEED:
+        parser.error(
+            f"--seed {config.seed} with --seeds {config.seeds} goes past {MAX_SEED}, the largest seed a run takes"
+        )
+    if problem := metric_name_problem(config.metric):
+        parser.error(problem)
     if config.margin is not None and not config.margin >= 0:
         parser.error(f"--margin must be >= 0 (in the metric's units), got {config.margin}")
     ray_settings = [f"--{k}" for k in LAUNCHER_SETTINGS[1:] if getattr(config, k) not in (None, 0)]
@@ -383,9 +525,14 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
     shown_config = shown_path(task_config)
     fit_args = [*config.fit_args, *fit_extra]
     try:
-        entries = plan(config.attentions, config.options)
+        entries = plan(config.attentions, config.options, control=config.control)
+        seeds = list(range(config.seed, config.seed + config.seeds))
+        runs = [Run(entry, seed) for seed in seeds for entry in entries]  # seed-major: whole seeds finish first
+        restart = restarted_runs(config.restart, runs)
     except ValueError as error:
         parser.error(str(error))
+    if problem := reference_problem(config.reference, entries):
+        parser.error(problem)
     if config.launcher == "local":
         preload.warm_up()  # the runs' imports, in parallel with the checks
     out.print(f"[bold]zoo compare[/]: checking {len(entries)} mechanism(s) on {shown_config} ...")
@@ -393,11 +540,12 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
     if problems:
         print(f"zoo compare: error: {entry_problems(problems, len(entries))}", file=sys.stderr)
         return 2
-    settings = RunSettings(
-        task_config, tuple(fit_args), config.threads, config.timeout, config.test, vary_data_order=vary_data_order
-    )
     resolved = yaml.safe_load(parser.dump(config, skip_none=False, skip_check=True))
-    resolved["task_config"], resolved["fit_args"] = task_config, fit_args
+    resolved.pop("restart")  # an action on this command's runs, not a setting: a rerun from compare.yaml repeats none
+    resolved["task_config"], resolved["fit_args"] = shown_config, fit_args
+    for key in ("runs_dir", "shared_dir", "bench"):
+        if resolved[key] is not None:
+            resolved[key] = shown_path(resolved[key])
     if config.launcher == "ray":
         try:  # before the experiment directory is made
             connect(config.ray_address)
@@ -416,10 +564,17 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
     except ExperimentLocked as error:
         print(f"zoo compare: error: {error}", file=sys.stderr)
         return 2
-    (directory / "compare.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    (directory / "compare.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+    for run in restart:
+        if run.directory(directory).exists():
+            shutil.rmtree(run.directory(directory))
+            out.print(f"--restart: deleted {shown_path(run.directory(directory))}; {run.name} trains anew")
+    settings = RunSettings(
+        task_config, tuple(fit_args), config.threads, config.timeout, config.test, vary_data_order=vary_data_order,
+        shown_experiment=shown_path(directory),
+    )  # fmt: skip
+    reference = config.reference or "full"
 
-    seeds = list(range(config.seed, config.seed + config.seeds))
-    runs = [Run(entry, seed) for seed in seeds for entry in entries]  # seed-major: whole seeds finish first
     done = [r for r in runs if _is_done(r.directory(directory), config.test)]
     out.print(
         f"{'resuming' if resuming else 'new experiment'} {directory}: {len(entries)} mechanism(s) x {len(seeds)} "
@@ -431,14 +586,26 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     rows: list[dict[str, Any]] = []
+    metric_check = MetricCheck(config.metric)
     try:
         if config.launcher == "ray":
             from experiments.ray_launcher import run_compare
 
-            finish = lambda run, *result: _finish(run, run.directory(directory), *result, stop=stop, out=out)
-            pending = [run for run in runs if run not in done]
-            finished = run_compare(pending, len(runs), directory, settings, config, stop=stop, finish=finish, out=out)
-            rows = [finished.get(run.name) or _unrun_row(run, directory, config.test) for run in runs]
+            for run in done:  # finished earlier: the metric is checked before anything is sent to Ray
+                metric_check(run, _unrun_row(run, directory, config.test))
+            if not metric_check.problem:
+
+                def finish(run: Run, *result: Any) -> dict[str, Any]:
+                    row = _finish(run, run.directory(directory), *result, stop=stop, out=out)
+                    if metric_check(run, row):
+                        stop.set()  # cancels the other runs, which a rerun resumes
+                    return row
+
+                pending = [run for run in runs if run not in done]
+                finished = run_compare(
+                    pending, len(runs), directory, settings, config, stop=stop, finish=finish, out=out
+                )
+                rows = [finished.get(run.name) or _unrun_row(run, directory, config.test) for run in runs]
         else:
             with Progress(
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -449,8 +616,13 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
                     rows.append(_do_run(run, directory, settings, stop, progress, out))
                     if run not in done:
                         progress.advance(overall)
+                    if metric_check(run, rows[-1]):
+                        break
     finally:
         signal.signal(signal.SIGINT, previous)
+    if metric_check.problem:
+        print(f"zoo compare: error: {metric_check.problem}", file=sys.stderr)
+        return 2
 
     metric = config.metric or primary_metric(rows)
     header = [
@@ -472,7 +644,7 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
         "in use when training started; fit_s: Trainer.fit wall time",
     ]
-    summary = write_outputs(directory, rows, header, metric=metric, reference=config.reference, margin=config.margin)
+    summary = write_outputs(directory, rows, header, metric=metric, reference=reference, margin=config.margin)
     write_layout(directory, sorted({f"val/{k[4:]}" for r in rows for k in r if k.startswith("val_")}))
     print_table(summary, metric, out)
     written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"
@@ -489,6 +661,19 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         out.print(f"[yellow]interrupted[/]: rerun the same command to resume {directory}")
         return 130
     return 0 if any(r["status"] == "ok" for r in rows) else 1
+
+
+class MetricCheck:
+    """``--metric`` against the first run that finishes (:func:`unlogged_metric`): called with each run and its
+    row, True (and ``problem`` set) when the comparison must stop; later runs are not looked at."""
+
+    def __init__(self, metric: str | None) -> None:
+        self.metric, self.checked, self.problem = metric, metric is None, ""
+
+    def __call__(self, run: Run, row: dict[str, Any]) -> bool:
+        if not self.checked and row["status"] == "ok":
+            self.checked, self.problem = True, unlogged_metric(self.metric, run, row) or ""
+        return bool(self.problem)
 
 
 def _do_run(

@@ -85,7 +85,7 @@ def _holder() -> dict[str, Any]:
         "host": socket.gethostname(),
         "process_start": _process_start(pid),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "command": " ".join(sys.argv),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),  # the program by name, not its install path
         "token": uuid.uuid4().hex,
     }
 

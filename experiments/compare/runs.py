@@ -5,7 +5,14 @@ The run's directory is ``<experiment>/<label>/seed-<seed>/`` (the TensorBoard lo
 ``run.json`` there up to date (``tasks/callbacks.py``), which is all the parent reads: progress while it
 runs, then metrics, throughput and memory. A run whose ``run.json`` says ``finished`` is done for good; a
 rerun of the experiment skips it (resume), continues an unfinished one from its ``last.ckpt``, and starts
-over one that left no checkpoint.
+over one that left no checkpoint. A run whose checkpoint cannot be read (a truncated ``last.ckpt``) is not
+started: its row says so and names the way out, ``zoo compare --restart <label>/seed-<s>``, which trains it anew.
+
+The files a run writes name no path of the machine: once its process ends, its logs, ``run.json``,
+``config.yaml`` and ``hparams.yaml`` are rewritten (:func:`portable_files`) so that the experiment is named as
+:func:`shown_path` names it (relative to the working directory, or to the checkout, when below it), code of the
+checkout by its path in the checkout, and the interpreter's packages and standard library as
+``<site-packages>`` and ``<python>``. A run on a Ray worker's scratch folder is named where its files end up.
 """
 
 from __future__ import annotations
@@ -13,17 +20,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import site
 import subprocess
+import sysconfig
 import threading
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from experiments.compare import preload
 from tasks.callbacks import RUN_RECORD, read_json_record
+
+#: the checkout this package runs from (an installed wheel: its site-packages folder)
+CHECKOUT = Path(__file__).resolve().parents[2]
+#: the files of a run that name paths (``portable_files``)
+PATH_FILES = ("fit.log", "test.log", RUN_RECORD, "config.yaml", "hparams.yaml")
 
 
 @dataclass
@@ -68,6 +84,91 @@ def resume_checkpoint(run_dir: Path) -> Path | None:
     return last if last.is_file() else None
 
 
+def readable_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a whole ``torch.save`` archive (a zip file whose directory, at its end, is intact);
+    a truncated or overwritten checkpoint is not. Reads the archive's directory only, not its tensors."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return bool(archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as the files of a comparison name it: relative to the working directory when below it, else
+    relative to the checkout when below it (``configs/recall.yaml``), else normalised and absolute."""
+    normal = Path(os.path.normpath(Path(path).absolute()))
+    for base in (Path.cwd(), CHECKOUT):
+        if not _site_folder(base):
+            with contextlib.suppress(ValueError):
+                return str(normal.relative_to(base))
+    return str(normal)
+
+
+def resolve_shown(text: str) -> str:
+    """The absolute path that :func:`shown_path` wrote as ``text``: a relative one below the working directory
+    when it exists there, else below the checkout."""
+    path = Path(text)
+    if path.is_absolute():
+        return str(path)
+    here = Path.cwd() / path
+    return str(here if here.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path)
+
+
+def _site_folder(path: Path) -> bool:
+    """Whether ``path`` is (or is below) a folder of installed packages."""
+    return any(path == folder or folder in path.parents for folder in map(Path, _site_folders()))
+
+
+def _site_folders() -> set[str]:
+    paths = sysconfig.get_paths()
+    folders = {*site.getsitepackages(), site.getusersitepackages(), paths["purelib"], paths["platlib"]}
+    return folders | {os.path.realpath(folder) for folder in folders}
+
+
+def path_rewrites(experiment: Path, shown_experiment: str) -> list[tuple[str, str]]:
+    """(absolute folder, what a run's files say instead), longest first: the folder holding ``experiment`` (here,
+    or a Ray worker's scratch copy) as the folder of ``shown_experiment``; the interpreter's packages and
+    standard library; then the checkout and the working directory, dropped (their files by relative path)."""
+    shown_parent = os.path.dirname(shown_experiment)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    rewrites = dict.fromkeys(_site_folders(), "<site-packages>")
+    rewrites |= {stdlib: "<python>", os.path.realpath(stdlib): "<python>"}
+    for folder in (str(experiment.parent.absolute()), os.path.realpath(experiment.parent)):
+        rewrites[folder] = shown_parent
+    for folder in (str(CHECKOUT), os.getcwd()):
+        if not _site_folder(Path(folder)):
+            rewrites.setdefault(folder, "")
+    rewrites.pop(os.sep, None)  # a working directory of / would make every path relative
+    return sorted(rewrites.items(), key=lambda item: -len(item[0]))
+
+
+def portable_text(text: str, rewrites: list[tuple[str, str]]) -> str:
+    """``text`` with each absolute folder of ``rewrites`` (a whole path component: ``/a/b`` is not a prefix of
+    ``/a/bc``) replaced; a folder replaced by nothing leaves the relative path below it, or ``.`` alone."""
+    for folder, shown in rewrites:
+        pattern = re.compile(rf"(?<![\w.~/-]){re.escape(folder)}(/|(?![\w.+@/-]))")
+        text = pattern.sub(lambda m, shown=shown: f"{shown}{m[1]}" if shown else ("" if m[1] else "."), text)
+    return text
+
+
+def portable_files(run_dir: Path, experiment: Path, shown_experiment: str) -> None:
+    """Rewrite the machine's paths in the text files of ``run_dir`` (:data:`PATH_FILES`) with
+    :func:`path_rewrites`; each file is replaced whole, so a reader never sees half of one."""
+    rewrites = path_rewrites(experiment, shown_experiment)
+    for name in PATH_FILES:
+        path = run_dir / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            continue
+        portable = portable_text(text, rewrites)
+        if portable != text:
+            temporary = path.with_name(f".{name}.portable")
+            temporary.write_text(portable, encoding="utf-8")
+            os.replace(temporary, path)
+
+
 def fit_command(
     run: Run,
     task_config: str,
@@ -88,12 +189,14 @@ def fit_command(
             "default_hp_metric": False,
         },
     }
+    # ensure_ascii=False: an experiment named beyond the Basic Multilingual Plane (snake🐍) would be written as a
+    # surrogate pair (\ud83d\udc0d), which the YAML reader of jsonargparse reads as two broken characters
     command = [
         subcommand, "-c", task_config,
         "--seed_everything", str(run.seed),
         "--model.attention", run.entry.attention,
-        "--model.attention_options", json.dumps(run.entry.options),
-        "--trainer.logger", json.dumps(logger),
+        "--model.attention_options", json.dumps(run.entry.options, ensure_ascii=False),
+        "--trainer.logger", json.dumps(logger, ensure_ascii=False),
         "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
     if vary_data_order:
@@ -160,8 +263,9 @@ def execute(
 @dataclass(frozen=True)
 class RunSettings:
     """What every run of one comparison shares, here or on a Ray worker: the ``zoo fit`` config and extra
-    arguments, torch threads, the time limit, whether each fitted run is then tested, and whether the seed
-    also sets the data order (the data module takes ``shuffle_seed``)."""
+    arguments, torch threads, the time limit, whether each fitted run is then tested, whether the seed
+    also sets the data order (the data module takes ``shuffle_seed``), and how the run's files name the
+    experiment (:func:`shown_path` of it on the machine that started the comparison)."""
 
     task_config: str
     fit_args: tuple[str, ...]
@@ -169,6 +273,7 @@ class RunSettings:
     timeout: float | None
     test: bool
     vary_data_order: bool
+    shown_experiment: str
 
 
 def attempt(
@@ -181,19 +286,36 @@ def attempt(
     config, fit_args, timeout = settings.task_config, list(settings.fit_args), settings.timeout
     how, wall, ok, reason = "already fitted", 0.0, True, ""
     if not is_finished(run_dir):
+        checkpoint = resume_checkpoint(run_dir)
+        if checkpoint is not None and not readable_checkpoint(checkpoint):
+            return "not continued", 0.0, False, unreadable_checkpoint(run, checkpoint)
         how = prepare_directory(run_dir)
         command = fit_command(run, config, experiment, fit_args, vary_data_order=settings.vary_data_order)
         returncode, wall, ended = execute(command, run_dir, **limits, on_progress=on_progress)
+        portable_files(run_dir, experiment, settings.shown_experiment)
         record = read_record(run_dir)
         ok = returncode == 0 and record.get("status") == "finished" and ended == "exited"
         reason = "" if ok else failure_reason(returncode, record, run_dir / "fit.log", ended, timeout)
     if ok and settings.test:
+        checkpoint = run_dir / "checkpoints" / "last.ckpt"
+        if not readable_checkpoint(checkpoint):
+            return how, wall, False, unreadable_checkpoint(run, checkpoint)
         command = fit_command(run, config, experiment, fit_args, vary_data_order=False, subcommand="test")
         returncode, tested_wall, ended = execute(command, run_dir, **limits, log_name="test.log")
+        portable_files(run_dir, experiment, settings.shown_experiment)
         wall += tested_wall
         ok = returncode == 0 and is_tested(run_dir) and ended == "exited"
         reason = "" if ok else "zoo test: " + failure_reason(returncode, {}, run_dir / "test.log", ended, timeout)
     return how, wall, ok, reason
+
+
+def unreadable_checkpoint(run: Run, checkpoint: Path) -> str:
+    """The reason of a run whose ``last.ckpt`` cannot be read: it can neither continue nor be tested."""
+    state = "is unreadable (truncated or corrupt)" if checkpoint.exists() else "is missing"
+    return (
+        f"its checkpoints/last.ckpt {state}, so the run can neither continue nor be tested; rerun with --restart "
+        f"{run.name} to train it anew"
+    )
 
 
 @contextlib.contextmanager
@@ -236,7 +358,7 @@ def failure_reason(returncode: int, record: dict, log: Path, ended: str, timeout
         head = line.split(":", 1)[0]
         if head.endswith(("Error", "Exception")) and " " not in head:
             return line
-    return f"exit code {returncode}; see {log}"
+    return f"exit code {returncode}; see the run's {log.name}"
 
 
 def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reason: str = "") -> dict[str, Any]:
@@ -260,7 +382,7 @@ def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reaso
         "wall_s": wall_s if wall_s is not None else record.get("fit_seconds"),
         "resumed_from_step": record.get("start_step") or None,
         "reason": reason,
-        "run_dir": str(run_dir),
+        "run_dir": shown_path(run_dir),
         "train_loss": metrics.get("train/loss"),
     }
     # every scalar metric of the run: val/acc -> val_acc, test/bleu -> test_bleu, ...
