@@ -6,6 +6,9 @@ attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table lay
   zoo bench --config experiments/bench/configs/decoding.yaml --out runs/decoding   (greedy decoding, cache vs not)
   zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
 
+The targets are defined at fixed shapes: with ``--check-targets`` a sweep setting other than the mechanisms
+named, threads, repeats, warmup, rounds, the case timeout, isolation and the memory budget is refused.
+
 Every flag is also a YAML key of ``--config`` (underscores for dashes); flags win over the file. List
 flags take comma-separated values; a mechanism config is ``name:opt=value,opt=value``. Without
 ``--attentions`` every registered mechanism runs, with its performance-target options where the
@@ -28,6 +31,7 @@ import argparse
 import dataclasses
 import sys
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +44,12 @@ from experiments.bench import paired_targets, tables, targets
 from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner
-from experiments.bench.store import ResultStore
+from experiments.bench.store import HalfWrittenLine, ResultStore
 from experiments.console import console
 
+#: the sweep settings that ``--check-targets`` honours; every other one would change what a target is measured at
+TARGET_SETTINGS = {"attentions", "threads", "repeats", "warmup", "rounds", "case_timeout_s", "isolation",
+                   "memory_budget_gb"}  # fmt: skip
 #: short spellings of list flags (``--mode fwd+bwd`` reads as well as ``--modes``)
 ALIASES = {"modes": "--mode", "dtypes": "--dtype", "levels": "--level"}
 
@@ -145,6 +152,16 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
     config = load_config(args.config, overrides)
     names = None
     if args.check_targets:
+        given = set(overrides) | (set(yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else set())
+        fixed = [name for name in dataclasses.fields(BenchConfig) if name.name in given - TARGET_SETTINGS]
+        if fixed:
+            flags = ", ".join("--" + spec.name.replace("_", "-") for spec in fixed)
+            raise ValueError(
+                f"{flags}: not settings of the performance targets, which are defined at fixed shapes (core fwd+bwd, "
+                "float32, CPU, B=1 H=8 D=64, n = 256 to 8192); zoo targets takes "
+                + ", ".join("--" + name.replace("_", "-") for name in sorted(TARGET_SETTINGS))
+                + "; zoo bench times other shapes"
+            )
         names = {s.attention for s in config.attentions} if "attentions" in overrides else None
         unknown = sorted(n for n in names or () if n not in az.list_attentions())
         if unknown:
@@ -171,17 +188,46 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
     return config, cases, names
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], prog: str = "zoo bench") -> int:
     args = build_parser().parse_args(argv)
+    args.out, args.prog = Path(args.out or ("runs/targets" if args.check_targets else "runs/bench")), prog
+    show = warnings.showwarning
+
+    def one_line(message: Warning | str, category: type[Warning], *rest: Any, **options: Any) -> None:
+        if issubclass(category, HalfWrittenLine):
+            print(f"{prog}: note: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **options)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = one_line
+        return _main(args)
+
+
+def _results_folder(out: Path, report_only: bool, check_targets: bool) -> str | None:
+    """Why ``out`` cannot hold this command's results (or, ``report_only``, has none to report), or None."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out} is a file, not a folder"
+    records = ["results.jsonl"] + [paired_targets.PAIRED_FILE] * check_targets
+    if report_only and not any((out / name).is_file() for name in records):
+        return f"--out {out} holds no {' or '.join(records)}: nothing to report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"--out {out}: cannot create the folder ({error.strerror})"
+    return None
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.launcher == "local" and (args.ray_address is not None or args.run_cpus is not None):
-        print("zoo bench: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
+        print(f"{args.prog}: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
         return 2
     if (args.paired_rounds or args.paired_keep_freed) and not args.check_targets:
-        print("zoo bench: error: --paired-rounds and --paired-keep-freed go with --check-targets (zoo targets)",
+        print(f"{args.prog}: error: --paired-rounds and --paired-keep-freed go with --check-targets (zoo targets)",
               file=sys.stderr)  # fmt: skip
         return 2
     if args.paired_rounds < 0 or args.paired_blocks < 1 or args.paired_rounds % args.paired_blocks:
-        print(f"zoo bench: error: --paired-rounds must be >= 0 and a multiple of --paired-blocks (>= 1), got "
+        print(f"{args.prog}: error: --paired-rounds must be >= 0 and a multiple of --paired-blocks (>= 1), got "
               f"{args.paired_rounds} and {args.paired_blocks}", file=sys.stderr)  # fmt: skip
         return 2
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
@@ -189,7 +235,7 @@ def main(argv: list[str]) -> int:
     try:
         config, cases, names = plan(args, overrides)
     except (ValueError, OSError, yaml.YAMLError) as error:  # OSError, YAMLError: an unreadable --config file
-        print(f"zoo bench: error: {error}", file=sys.stderr)
+        print(f"{args.prog}: error: {error}", file=sys.stderr)
         return 2
     out = console()
     device = "cpu" if args.check_targets else resolve_device(config.device)
@@ -199,10 +245,20 @@ def main(argv: list[str]) -> int:
         try:  # before --out is created: Ray installed, reachable, one timing slot per device
             ray_launcher.connect(args.ray_address, bench_device=device)
         except ray_launcher.RayLauncherError as error:
-            print(f"zoo bench: error: {error}", file=sys.stderr)
+            print(f"{args.prog}: error: {error}", file=sys.stderr)
             return 2
-    args.out = args.out or ("runs/targets" if args.check_targets else "runs/bench")
-    store = ResultStore(args.out)
+    problem = _results_folder(args.out, args.report_only, args.check_targets)
+    if problem:
+        print(f"{args.prog}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        store = ResultStore(args.out)
+        paired_path = args.out / paired_targets.PAIRED_FILE
+        measure_paired = args.check_targets and args.paired_rounds > 0 and not args.report_only
+        paired_rows = paired_targets.read_rows(paired_path, repair=measure_paired) if args.check_targets else []
+    except ValueError as error:  # a line that is not a result row: refused before anything is measured or written
+        print(f"{args.prog}: error: {error}", file=sys.stderr)
+        return 2
     if args.launcher == "ray" and not args.report_only:
         ray_launcher.run_bench(
             config, store, device, cases, retry_failed=args.retry_failed, run_cpus=args.run_cpus or 1
@@ -214,14 +270,13 @@ def main(argv: list[str]) -> int:
     if args.check_targets:
         for threads in config.threads:
             out.print(targets.targets_table(results, names, threads))
-        paired_path = Path(args.out) / paired_targets.PAIRED_FILE
         chosen = targets.selected(names)
         allocator = "keep-freed" if args.paired_keep_freed else "default"
-        if args.paired_rounds and not args.report_only:
+        if measure_paired:
             settings = dict(rounds=args.paired_rounds, blocks=args.paired_blocks, keep_freed=args.paired_keep_freed)
             out.print(paired_targets.table(paired_targets.run(chosen, paired_path, **settings), chosen, allocator))
-        elif paired_path.exists():
-            out.print(paired_targets.table(paired_targets.read_rows(paired_path), chosen, allocator))
+        elif paired_rows:
+            out.print(paired_targets.table(paired_rows, chosen, allocator))
     else:
         keys = {c.key() for c in cases}
         swept = [row for key, row in results.items() if key in keys]
@@ -239,4 +294,4 @@ def main(argv: list[str]) -> int:
 
 def targets_main(argv: list[str]) -> int:
     """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``: ``zoo bench --check-targets``."""
-    return main(["--check-targets", *argv])
+    return main(["--check-targets", *argv], prog="zoo targets")

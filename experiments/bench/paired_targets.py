@@ -16,6 +16,7 @@ which widens the intervals of the rows whose time at n = 8192 is short.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -26,11 +27,15 @@ from rich.table import Table
 
 from experiments.bench import paired_ratio
 from experiments.bench.allocator import keep_freed_memory
+from experiments.bench.store import HalfWrittenLine, end_with_whole_line, read_json_lines
 from experiments.bench.targets import SPEEDUP_N, Target
 
 PAIRED_FILE = "paired.jsonl"
 Kind = Literal["speed", "scaling"]
 Allocator = Literal["default", "keep-freed"]
+#: what every row of the file holds (the speed groups' ``full`` rows too)
+PAIRED_FIELDS = ("kind", "causal", "attention", "options", "rounds", "blocks", "paired", "paired_low", "paired_high",
+                 "verdict")  # fmt: skip
 GROUPS: tuple[tuple[Kind, bool], ...] = (("speed", False), ("speed", True), ("scaling", False), ("scaling", True))
 
 
@@ -53,13 +58,30 @@ def _latest(rows: list[dict]) -> dict[tuple, dict]:
     return {_row_key(row): row for row in rows}
 
 
-def _lines(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+def _lines(path: Path, *, repair: bool = False) -> list[dict]:
+    """The rows of ``path`` (none when it does not exist), each checked (a ``ValueError`` naming the file and line).
+    A half-written last line (a run killed while writing a group) is skipped with a ``UserWarning``, as the bench's
+    store does; with ``repair`` it is also cut off (:func:`end_with_whole_line`), so that the next group is appended
+    after whole lines."""
+    if not path.exists():
+        return []
+    rows, fragment = read_json_lines(path)
+    for number, row in rows:
+        missing = [name for name in PAIRED_FIELDS if name not in row]
+        if missing:
+            raise ValueError(f"{path} line {number}: not a paired target row: no {', '.join(missing)}")
+    if fragment:
+        message = f"{path}: skipping a half-written last line ({len(fragment)} bytes)"
+        warnings.warn(message, HalfWrittenLine, stacklevel=3)
+    if repair:
+        end_with_whole_line(path, fragment)
+    return [row for _, row in rows]
 
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a ``paired.jsonl`` (none when it does not exist); the last row of a key wins."""
-    return list(_latest(_lines(path)).values())
+def read_rows(path: Path, *, repair: bool = False) -> list[dict]:
+    """The rows of a ``paired.jsonl`` (none when it does not exist; ``repair``: as :func:`_lines`); the last row of a
+    key wins."""
+    return list(_latest(_lines(path, repair=repair)).values())
 
 
 def run(
@@ -81,7 +103,7 @@ def run(
         raise ValueError(f"paired rounds must be >= 1 and a multiple of the blocks (>= 1), got {rounds} and {blocks}")
     allocator: Allocator = "keep-freed" if keep_freed else "default"
     # filtered before the last row of a key is taken: rows of other rounds written later do not hide these
-    done = _latest([row for row in _lines(path) if (row["rounds"], row["blocks"]) == (rounds, blocks)])
+    done = _latest([row for row in _lines(path, repair=True) if (row["rounds"], row["blocks"]) == (rounds, blocks)])
     todo = []
     for kind, causal in GROUPS:
         group = entries(targets, kind, causal)

@@ -28,8 +28,6 @@ reads, is one ``zoo report: error:`` line naming the file (and line), exit code 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -46,6 +44,7 @@ from experiments.compare.summary import (
     primary_metric,
     summarize_mechanisms,
 )
+from experiments.records import csv_fields, read_text
 from experiments.stats import RULE, PairedDifference, margin_text
 
 #: the runs.csv columns the report reads (zoo compare writes RUN_COLUMNS, then one per further metric)
@@ -61,57 +60,27 @@ TIMING_FIELDS = {"attention": str, "options": dict, "seq_len": int, "mode": str,
                  "time_ms_median": float}  # fmt: skip
 
 
-def read_text(path: Path, what: str) -> str:
-    """The text of a record file; ValueError naming it when it is missing, unreadable or not UTF-8 text."""
-    if not path.is_file():
-        raise ValueError(f"{path.parent} has no {path.name}: not {what}")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read it ({error.strerror})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): a binary or corrupt file, not {what}") from None
-    if "\0" in text:
-        raise ValueError(f"{path}: a NUL character: a binary or corrupt file, not {what}")
-    return text
-
-
 def load_compare(directory: Path) -> list[dict[str, Any]]:
     """The rows of a compare experiment's ``runs.csv``, checked: the columns the report reads and no others
     than zoo compare writes, each row as many fields as the header, numbers where numbers belong."""
     path = directory / "runs.csv"
     what = "a zoo compare experiment (or one that never finished)"
-    reader = csv.reader(io.StringIO(read_text(path, what), newline=""))
-    try:
-        header = next(reader, None)
-        if not header:
-            raise ValueError(f"{path}: empty: not {what}")
-        missing = [c for c in COMPARE_COLUMNS if c not in header]
-        unexpected = [c for c in header if c not in RUN_COLUMNS and not c.startswith(METRIC_PREFIXES)]
-        twice = sorted({c for c in header if header.count(c) > 1})
-        problems = []
-        if missing:
-            problems.append(f"missing column(s) {_names(missing)} (zoo report reads {', '.join(COMPARE_COLUMNS)})")
-        if unexpected:
-            written = f"{', '.join(RUN_COLUMNS)}, then {'*, '.join(METRIC_PREFIXES)}* metrics"
-            problems.append(f"unexpected column(s) {_names(unexpected)} (zoo compare writes {written})")
-        problems += [f"column(s) given twice: {_names(twice)}"] if twice else []
-        if problems:
-            raise ValueError(f"{path}: not a zoo compare runs.csv: {'; '.join(problems)}")
-        rows = []
-        for fields in reader:
-            if not fields:
-                continue
-            where = f"{path} line {reader.line_num}"
-            if len(fields) != len(header):
-                raise ValueError(
-                    f"{where}: {len(fields)} fields, the header has {len(header)}: a truncated or corrupt file"
-                )
-            rows.append(_checked_run({k: _parse(v) for k, v in zip(header, fields, strict=True)}, where))
-    except csv.Error as error:
-        raise ValueError(f"{path} line {reader.line_num}: not CSV ({error})") from None
+    header, records = csv_fields(path, what)
+    missing = [c for c in COMPARE_COLUMNS if c not in header]
+    unexpected = [c for c in header if c not in RUN_COLUMNS and not c.startswith(METRIC_PREFIXES)]
+    twice = sorted({c for c in header if header.count(c) > 1})
+    problems = []
+    if missing:
+        problems.append(f"missing column(s) {_names(missing)} (zoo report reads {', '.join(COMPARE_COLUMNS)})")
+    if unexpected:
+        written = f"{', '.join(RUN_COLUMNS)}, then {'*, '.join(METRIC_PREFIXES)}* metrics"
+        problems.append(f"unexpected column(s) {_names(unexpected)} (zoo compare writes {written})")
+    problems += [f"column(s) given twice: {_names(twice)}"] if twice else []
+    if problems:
+        raise ValueError(f"{path}: not a zoo compare runs.csv: {'; '.join(problems)}")
+    rows = [
+        _checked_run({k: _parse(v) for k, v in zip(header, fields, strict=True)}, where) for where, fields in records
+    ]
     if not rows:
         raise ValueError(f"{path}: no runs, only a header")
     return rows

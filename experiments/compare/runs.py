@@ -20,12 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
-import site
 import subprocess
-import sysconfig
 import threading
 import time
 import zipfile
@@ -34,10 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from experiments.compare import preload
+from experiments.machine_paths import CHECKOUT, is_site_folder, machine_folders, portable_text
 from tasks.callbacks import RUN_RECORD, read_json_record
 
-#: the checkout this package runs from (an installed wheel: its site-packages folder)
-CHECKOUT = Path(__file__).resolve().parents[2]
 #: the files of a run that name paths (``portable_files``)
 PATH_FILES = ("fit.log", "test.log", RUN_RECORD, "config.yaml", "hparams.yaml")
 
@@ -99,7 +95,7 @@ def shown_path(path: str | Path) -> str:
     relative to the checkout when below it (``configs/recall.yaml``), else normalised and absolute."""
     normal = Path(os.path.normpath(Path(path).absolute()))
     for base in (Path.cwd(), CHECKOUT):
-        if not _site_folder(base):
+        if not is_site_folder(base):
             with contextlib.suppress(ValueError):
                 return str(normal.relative_to(base))
     return str(normal)
@@ -115,41 +111,11 @@ def resolve_shown(text: str) -> str:
     return str(here if here.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path)
 
 
-def _site_folder(path: Path) -> bool:
-    """Whether ``path`` is (or is below) a folder of installed packages."""
-    return any(path == folder or folder in path.parents for folder in map(Path, _site_folders()))
-
-
-def _site_folders() -> set[str]:
-    paths = sysconfig.get_paths()
-    folders = {*site.getsitepackages(), site.getusersitepackages(), paths["purelib"], paths["platlib"]}
-    return folders | {os.path.realpath(folder) for folder in folders}
-
-
 def path_rewrites(experiment: Path, shown_experiment: str) -> list[tuple[str, str]]:
     """(absolute folder, what a run's files say instead), longest first: the folder holding ``experiment`` (here,
-    or a Ray worker's scratch copy) as the folder of ``shown_experiment``; the interpreter's packages and
-    standard library; then the checkout and the working directory, dropped (their files by relative path)."""
-    shown_parent = os.path.dirname(shown_experiment)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    rewrites = dict.fromkeys(_site_folders(), "<site-packages>")
-    rewrites |= {stdlib: "<python>", os.path.realpath(stdlib): "<python>"}
-    for folder in (str(experiment.parent.absolute()), os.path.realpath(experiment.parent)):
-        rewrites[folder] = shown_parent
-    for folder in (str(CHECKOUT), os.getcwd()):
-        if not _site_folder(Path(folder)):
-            rewrites.setdefault(folder, "")
-    rewrites.pop(os.sep, None)  # a working directory of / would make every path relative
-    return sorted(rewrites.items(), key=lambda item: -len(item[0]))
-
-
-def portable_text(text: str, rewrites: list[tuple[str, str]]) -> str:
-    """``text`` with each absolute folder of ``rewrites`` (a whole path component: ``/a/b`` is not a prefix of
-    ``/a/bc``) replaced; a folder replaced by nothing leaves the relative path below it, or ``.`` alone."""
-    for folder, shown in rewrites:
-        pattern = re.compile(rf"(?<![\w.~/-]){re.escape(folder)}(/|(?![\w.+@/-]))")
-        text = pattern.sub(lambda m, shown=shown: f"{shown}{m[1]}" if shown else ("" if m[1] else "."), text)
-    return text
+    or a Ray worker's scratch copy) as the folder of ``shown_experiment``, then the machine's folders
+    (:func:`experiments.machine_paths.machine_folders`)."""
+    return machine_folders({experiment.parent: os.path.dirname(shown_experiment)})
 
 
 def portable_files(run_dir: Path, experiment: Path, shown_experiment: str) -> None:

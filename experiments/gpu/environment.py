@@ -1,6 +1,9 @@
 """The machine a GPU-suite run measured on: device, driver and library versions, and its two ceilings
 measured in the run (a bf16 matrix product's rate and a device-to-device copy's bandwidth), against which
-every mechanism's time is read as a multiple of its floor max(FLOPs / peak, bytes / bandwidth)."""
+every mechanism's time is read as a multiple of its floor max(FLOPs / peak, bytes / bandwidth).
+
+What the suite writes names no folder of the machine it ran on (:func:`relative_paths`): a result names its
+hardware and versions, and paths a reader's checkout resolves."""
 
 from __future__ import annotations
 
@@ -11,11 +14,22 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from experiments.bench.measure import time_calls
+from experiments.machine_paths import machine_folders, portable_text
+
+
+def relative_paths(text: str, work: Path | None = None) -> str:
+    """``text`` with this machine's folders written as what they are
+    (:func:`experiments.machine_paths.portable_text`), the suite's scratch folder ``work`` as ``<work>`` and the
+    temporary folder as ``<tmp>``."""
+    extra = {tempfile.gettempdir(): "<tmp>"} | ({} if work is None else {work: "<work>"})
+    return portable_text(text, machine_folders(extra))
 
 
 def _version(package: str) -> str | None:
@@ -48,7 +62,7 @@ def describe(device: str) -> dict[str, Any]:
         "jsonargparse": _version("jsonargparse"),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
-        "executable": sys.executable,
+        "executable": Path(sys.executable).name,  # the interpreter's name: its folder is this machine's
     }
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)

@@ -10,7 +10,7 @@ d = 64, against the raw SDPA flash kernel at every length.
 
 The committed CPU configs (``experiments/bench/configs/nystromformer_table.yaml``, ``linformer_table3.yaml``)
 measure the ``mha`` and ``encoder`` levels in fp32/fp16 with a 30-minute max-batch search; those settings do not fit a
-lease of minutes, so these grids time the cores alone at a fixed batch.
+GPU session of minutes, so these grids time the cores alone at a fixed batch.
 """
 
 from __future__ import annotations

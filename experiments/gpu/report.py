@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiments.bench.store import end_with_whole_line, read_json_lines
 from experiments.gpu.measure import RAW_SDPA
 
 ENV_FIELDS = ("name", "capability", "sm_count", "l2_mb", "memory_gib", "driver", "cuda", "torch", "triton",
@@ -25,6 +28,13 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     return lines + ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
 
 
+#: the fields the report reads from each kind of row the suite records
+ROW_FIELDS: dict[str, tuple[str, ...]] = {
+    "step": ("step", "status", "seconds", "detail"),
+    "target": ("target", "attention", "met"),
+    "measure": ("grid", "label", "mode", "seq_len", "status"),
+    "compare": ("summary_md",),
+}
 FLASH, FULL = f"{RAW_SDPA} backend=flash", "full"
 
 
@@ -142,11 +152,42 @@ def plot_grids(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
     return paths
 
 
-def rebuild(out: Path) -> None:
-    """Rewrite ``report.md`` from the ``results.jsonl`` and ``env.json`` of a finished run."""
-    import json
+def read_rows(path: Path, *, repair: bool = False, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The rows of a suite's ``results.jsonl``, each checked for the fields the report reads (a ``ValueError`` naming
+    the file and line). A half-written last line (a run killed mid-line) is reported through ``note`` and skipped;
+    with ``repair`` it is cut off (:func:`experiments.bench.store.end_with_whole_line`), so that a rerun appends whole
+    lines."""
+    numbered, fragment = read_json_lines(path)
+    for number, row in numbered:
+        kind = row.get("kind")
+        if kind not in ROW_FIELDS:
+            raise ValueError(
+                f"{path} line {number}: kind {kind!r}; a row of zoo gpu-suite is one of {', '.join(ROW_FIELDS)}"
+            )
+        needed = ROW_FIELDS[kind] + (("time_ms",) if kind == "measure" and row.get("status") == "ok" else ())
+        missing = [name for name in needed if name not in row]
+        if missing:
+            raise ValueError(f"{path} line {number}: a {kind} row without {', '.join(missing)}")
+    if fragment:
+        note(f"{path}: {'cutting off' if repair else 'skipping'} a half-written last line ({len(fragment)} bytes)")
+    if repair:
+        end_with_whole_line(path, fragment)
+    return [row for _, row in numbered]
 
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {}
+
+def rebuild(out: Path, note: Callable[[str], None] = print) -> None:
+    """Rewrite ``report.md`` from the ``results.jsonl`` and ``env.json`` of a finished run (:func:`read_rows`)."""
+    rows = read_rows(out / "results.jsonl", note=note)
+    env_path = out / "env.json"
+    env: Any = {}
+    if env_path.exists():
+        try:
+            env = json.loads(env_path.read_bytes())
+        except ValueError as error:  # JSONDecodeError, or UnicodeDecodeError of a binary file
+            raise ValueError(
+                f"{env_path}: not JSON ({getattr(error, 'msg', 'not UTF-8')}): a truncated or corrupt file"
+            ) from None
+        if not isinstance(env, dict):
+            raise ValueError(f"{env_path}: expected a JSON object {{...}}, got {type(env).__name__}")
     smoke = any(r.get("smoke") for r in rows if r.get("kind") == "target")
     write(out, env, rows, smoke)

@@ -1,4 +1,4 @@
-"""``zoo gpu-suite``: everything a lent GPU must show, in one command, under a time budget.
+"""``zoo gpu-suite``: everything a GPU machine must show, in one command, under a time budget.
 
     zoo gpu-suite --out OUT [--budget-min 8] [--steps environment,targets,...] [--smoke]
 
@@ -19,7 +19,14 @@ skipped step never loses the others' results:
 What comes back is at most 7 files, flat under ``--out``: ``report.md``, ``results.jsonl`` (one line per
 measurement, target verdict and step), ``env.json``, ``pytest.log``, ``compare.log``, ``compare.tar.gz``
 (the comparison's summary, plots and TensorBoard logs, no checkpoints) and ``plots.tar.gz``. The report is
-rewritten after every step, so a run killed at its limit still hands back what it finished.
+rewritten after every step, so a run killed at its limit still hands back what it finished. The files name no
+folder of the machine (:func:`experiments.gpu.environment.relative_paths`): paths in the checkout are
+repository-relative, the interpreter's packages ``<site-packages>/``, the suite's scratch folder ``<work>/``; a log
+is rewritten so when each command ends.
+
+A rerun with the same ``--out`` appends to its ``results.jsonl``; ``--report-only`` rewrites ``report.md`` from it.
+A half-written last line (a run killed mid-line) is reported and skipped (and cut off before a rerun appends);
+any other line that is not a row of the suite is refused, naming the file and line, before anything runs.
 
 ``--smoke`` runs every step at tiny sizes on whatever device is present (CPU here), with a subset of the
 conformance tests: the harness's own test (``tests/experiments/test_gpu_suite.py``). Without it the suite needs CUDA.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -79,6 +87,7 @@ class Budget:
 class Suite:
     def __init__(self, out: Path, budget: Budget, smoke: bool, device: str) -> None:
         self.out, self.budget, self.smoke, self.device = out, budget, smoke, device
+        self.results = open(out / "results.jsonl", "a")  # noqa: SIM115 (held for the whole run, flushed per row)
         self.work = Path(tempfile.mkdtemp(prefix="zoo-gpu-suite-"))
         self.rows: list[dict[str, Any]] = []
         self.env: dict[str, Any] = {}
@@ -88,11 +97,11 @@ class Suite:
             else Workload("", 8192, device=device)
         )
         self.warmup, self.repeats = (1, 2) if smoke else (3, 10)
-        self.results = open(out / "results.jsonl", "a")  # noqa: SIM115 (held for the whole run, flushed per row)
 
     def record(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        self.results.write(json.dumps(row, default=str) + "\n")
+        line = environment.relative_paths(json.dumps(row, default=str), self.work)
+        self.rows.append(json.loads(line))
+        self.results.write(line + "\n")
         self.results.flush()
 
     def run_step(self, name: str, step: Callable[[float], str]) -> None:
@@ -125,7 +134,8 @@ class Suite:
         self.env["copy_gbs"] = environment.copy_bandwidth_gbs(self.device, nbytes)
         if self.device == "cuda":
             torch.cuda.empty_cache()
-        (self.out / "env.json").write_text(json.dumps(self.env, indent=2, default=str) + "\n")
+        text = environment.relative_paths(json.dumps(self.env, indent=2, default=str), self.work)
+        (self.out / "env.json").write_text(text + "\n")
         return f"{self.env.get('name')}: {self.env['peak_tflops']:.1f} TFLOP/s, {self.env['copy_gbs']:.0f} GB/s"
 
     def _measure(self, workload: Workload, grid: str) -> dict[str, Any]:
@@ -160,7 +170,7 @@ class Suite:
                 verbosity = "-q" if self.smoke else "-v"  # -v: a run stopped by the budget still names each result
                 options = [verbosity, "-rfE", "--durations=10", "-p", "no:cacheprovider"]
                 command = [sys.executable, "-m", "pytest", *options, *args]
-                outcomes.append(_run_logged(command, env, log, deadline - time.monotonic()))
+                outcomes.append(_run_logged(command, env, log, deadline - time.monotonic(), self.work))
         detail = "; ".join(text for _, text in outcomes)
         _raise_unless_ok([status for status, _ in outcomes], detail)
         return detail
@@ -172,9 +182,10 @@ class Suite:
             command += ["--attentions", SMOKE_ATTENTIONS, "--fit_args", json.dumps(SMOKE_COMPARE_ARGS)]
         env = os.environ | {"PYTHONPATH": _pythonpath(), "ZOO_CACHE": str(self.work / "cache")}
         with open(self.out / "compare.log", "a") as log:
-            status, summary = _run_logged(command, env, log, allotted)
+            status, summary = _run_logged(command, env, log, allotted, self.work)
         experiment = self.work / "runs" / "gpu-compare"
         if experiment.exists():
+            _relative_paths_in(experiment, self.work)
             with tarfile.open(self.out / "compare.tar.gz", "w:gz") as archive:
                 archive.add(experiment, arcname="gpu-compare", filter=_no_checkpoints)
             summary_md = experiment / "summary.md"
@@ -242,10 +253,24 @@ def _no_checkpoints(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if info.name.endswith(".ckpt") else info
 
 
-def _run_logged(command: list[str], env: dict[str, str], log: Any, timeout: float) -> tuple[str, str]:
+def _relative_paths_in(folder: Path, work: Path) -> None:
+    """Rewrite the text files under ``folder`` (logs, configs, summaries; not the binary event files) with
+    :func:`environment.relative_paths`."""
+    for path in (p for p in folder.rglob("*") if p.is_file()):
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if "\0" not in text and (new := environment.relative_paths(text, work)) != text:
+            path.write_text(new, encoding="utf-8")
+
+
+def _run_logged(command: list[str], env: dict[str, str], log: Any, timeout: float, work: Path) -> tuple[str, str]:
     """Run ``command`` in the repository, its output streamed into ``log`` (a run stopped at its time limit
-    keeps what it printed): ``ok``, ``failed`` (exit code not 0) or ``cut`` (the budget), and its last line."""
-    log.write(f"$ {' '.join(command)}\n")
+    keeps what it printed, with this machine's paths rewritten when it ends): ``ok``, ``failed`` (exit code not 0)
+    or ``cut`` (the budget), and its last line."""
+    log.write(environment.relative_paths(f"$ {' '.join(command)}\n", work))
     log.flush()
     if timeout <= 0:
         return "cut", "not run: budget spent"
@@ -257,11 +282,20 @@ def _run_logged(command: list[str], env: dict[str, str], log: Any, timeout: floa
     except subprocess.TimeoutExpired:
         log.write(f"\n[gpu-suite] stopped after {timeout:.0f} s (budget)\n")
         return "cut", f"stopped after {timeout:.0f} s (budget)"
-    log.flush()
-    with open(log.name) as output:
-        output.seek(start)
-        last = next((line for line in reversed(output.read().splitlines()) if line.strip()), "")
+    finally:
+        log.flush()
+        with open(log.name, encoding="utf-8", errors="replace") as output:
+            output.seek(start)
+            text = environment.relative_paths(output.read(), work)
+        log.truncate(start)  # the log is opened to append: what follows is written at its new end
+        log.write(text)
+        log.flush()
+    last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
     return "ok" if code == 0 else "failed", f"exit {code}: {last.strip('= ')}"
+
+
+def _note(text: str) -> None:
+    print(f"zoo gpu-suite: note: {text}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,29 +308,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _problem(args: argparse.Namespace, steps: list[str]) -> str | None:
+    """What makes the command line unusable, or None; nothing has run or been written yet."""
+    if args.out.exists() and not args.out.is_dir():
+        return f"--out {args.out} is a file, not a folder"
+    if args.report_only:
+        return None if (args.out / "results.jsonl").is_file() else f"--out {args.out} holds no results.jsonl"
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown or not steps:
+        given = f"unknown step(s) {', '.join(unknown)}" if unknown else f"--steps {args.steps!r} names no step"
+        return f"{given}; choose from {', '.join(STEPS)}"
+    if not (math.isfinite(args.budget_min) and args.budget_min > 0):
+        return f"--budget-min must be a finite number of minutes > 0, got {args.budget_min}"
+    if not args.smoke and not torch.cuda.is_available():
+        return "CUDA is not available here; --smoke runs the suite at tiny sizes on CPU"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.report_only:
-        if not (args.out / "results.jsonl").exists():
-            print(f"zoo gpu-suite: {args.out} holds no results.jsonl", file=sys.stderr)
-            return 2
-        report.rebuild(args.out)
-        return 0
-    steps = [s for s in args.steps.split(",") if s]
-    unknown = [s for s in steps if s not in STEPS]
-    if unknown:
-        print(f"zoo gpu-suite: unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}", file=sys.stderr)
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    problem = _problem(args, steps)
+    if problem:
+        print(f"zoo gpu-suite: error: {problem}", file=sys.stderr)
         return 2
-    if args.budget_min <= 0:
-        print(f"zoo gpu-suite: --budget-min must be > 0, got {args.budget_min}", file=sys.stderr)
-        return 2
-    if not args.smoke and not torch.cuda.is_available():
-        print("zoo gpu-suite: CUDA is not available here; --smoke runs the suite at tiny sizes on CPU", file=sys.stderr)
+    results = args.out / "results.jsonl"
+    try:  # a damaged results.jsonl (and, for a report, env.json) is refused before anything runs or is written
+        if results.is_file() and not args.report_only:
+            report.read_rows(results, repair=True, note=_note)
+        if args.report_only:
+            report.rebuild(args.out, note=_note)
+            return 0
+    except ValueError as error:
+        print(f"zoo gpu-suite: error: {error}", file=sys.stderr)
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        suite = Suite(args.out, Budget(args.budget_min), args.smoke, device)
+    except OSError as error:
+        print(f"zoo gpu-suite: error: --out {args.out}: cannot write there ({error.strerror})", file=sys.stderr)
+        return 2
     _allow_recompiles()
-    args.out.mkdir(parents=True, exist_ok=True)
-    suite = Suite(args.out, Budget(args.budget_min), args.smoke, device)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a killed run still writes its report
     try:
         if "environment" not in steps:

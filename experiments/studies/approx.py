@@ -62,6 +62,7 @@ from experiments.studies.common import (
     load_data_module,
     load_run,
     number,
+    repo_path,
     write_csv,
 )
 
@@ -301,7 +302,8 @@ def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     done = {row_key(r) for r in log.rows()}
     todo = [u for u in units if any(u.key(j, h) not in done for j in u.jobs for h in range(u.heads))]
     settings = {k: v for k, v in vars(args).items() if k not in ("replot", "plot", "trained", "learned")}
-    settings |= {"trained": [str(p) for p in trained], "learned": [str(p) for p in learned], "left_out": left_out}
+    settings |= {"out": repo_path(args.out), "runs": repo_path(args.runs), "trained": [repo_path(p) for p in trained],
+                 "learned": [repo_path(p) for p in learned], "left_out": left_out}  # fmt: skip
     (directory / "approx.json").write_text(json.dumps(settings, indent=2, default=str) + "\n")
     for reason in left_out:
         out.print(f"[yellow]left out[/] {reason}")

@@ -18,6 +18,9 @@ from experiments.studies.common import number, pyplot, read_csv, save_figure
 
 #: errors below this (exact limits, round-off) are drawn at it, so the log axes keep the approximations readable
 FLOOR = 1e-6
+#: the summary.csv columns the figures read
+SUMMARY_READ = ("input", "model", "n", "method", "knob", "budget", "rel_mean", "rel_ci_low", "rel_ci_high",
+                "lemma_mean", "lemma_ci_low", "lemma_ci_high")  # fmt: skip
 
 
 def _points(rows: list[dict[str, str]], x: str, metric: str = "rel") -> tuple[list[float], ...]:
@@ -137,7 +140,8 @@ def theorem2_figure(rows: list[dict[str, str]], input_kind: str, path: Path, ten
 
 
 def plot(directory: Path) -> list[Path]:
-    rows = read_csv(directory / "summary.csv")
+    rows = read_csv(directory / "summary.csv", SUMMARY_READ, what="the folder of a zoo study approx",
+                    integers=("n", "budget"), numbers=SUMMARY_READ[6:])  # fmt: skip
     tensorboard = directory / "tensorboard"
     written = []
     for input_kind in dict.fromkeys(r["input"] for r in rows):

@@ -11,6 +11,7 @@ Every study takes ``--out`` and ``--replot`` (:func:`add_output_options`) and ru
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,14 +61,25 @@ def run_study(
     check: Callable[[Namespace], str | None] = lambda args: None,
 ) -> int:
     """``zoo study <name>``: parse ``argv`` (a problem ``check`` names is a usage error), then with ``--replot DIR``
-    redraw from that folder's CSVs (``replot`` returns the files it wrote, listed here), else ``run`` the study."""
+    redraw from that folder's CSVs (``replot`` returns the files it wrote, listed here), else ``run`` the study.
+    A replot reads its files checked (:func:`experiments.studies.common.read_csv`): a missing folder or file, a
+    truncated file or one the study did not write is one error line, exit code 2."""
     args = parser.parse_args(argv)
     out = console()
     problem = check(args)
     if problem:
         parser.error(problem)
     if args.replot:
-        written = replot(Path(args.replot), args)
+        from experiments.studies.common import UnreadableRecord
+
+        folder = Path(args.replot)
+        try:
+            if not folder.is_dir():
+                raise UnreadableRecord(f"--replot {folder}: {'not a folder' if folder.exists() else 'no such folder'}")
+            written = replot(folder, args)
+        except UnreadableRecord as error:  # a missing, truncated or foreign results file: one line
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return 2
         out.print("wrote " + ", ".join(str(p) for p in written))
         return 0
     return run(parser, args, out)

@@ -1,5 +1,6 @@
 """What the studies share: loading a trained run, its validation sequences, the attention inputs of every
-layer, CSV files that grow row by row, and figures written as PNG and as TensorBoard images.
+layer, CSV files that grow row by row and are read back checked, paths written relative to the repository, and
+figures written as PNG and as TensorBoard images.
 
 Attention inputs are captured with PyTorch forward pre-hooks on each layer's attention core: the
 multi-head block calls ``core(q, k, v, mask=..., causal=...)`` with the projected heads, so a hook sees
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import csv
 import importlib
+import json
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,14 @@ import yaml
 from torch import Tensor
 
 from attention_zoo import MultiHeadAttention, TransformerEncoder
+from experiments.records import csv_fields, read_text
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class UnreadableRecord(ValueError):
+    """A study's results file that is missing, truncated or not what the study wrote: one line naming the file
+    (and line) and what is wrong."""
 
 
 @dataclass
@@ -170,7 +182,8 @@ def capture(run: TrainedRun, tokens: Tensor, mask: Tensor) -> list[LayerInputs]:
 
 class RowLog:
     """A CSV that grows by whole rows (flushed at once), so a study stopped at any point keeps what it
-    finished and a rerun reads it back to skip that work."""
+    finished and a rerun reads it back to skip that work. A last row that a killed run left without its line end
+    is cut off when the log is opened (and said so on stderr): the rerun measures it again."""
 
     def __init__(self, path: Path, columns: list[str]) -> None:
         self.path, self.columns = path, columns
@@ -182,13 +195,19 @@ class RowLog:
                     f"{path} has columns {header}, this version of the study writes {columns}; "
                     "move it away or use another --out"
                 )
+            data = path.read_bytes()
+            if not data.endswith(b"\n"):
+                keep = data.rfind(b"\n") + 1
+                print(f"note: {path}: cutting off a half-written last row ({len(data) - keep} bytes)", file=sys.stderr)
+                with open(path, "r+b") as file:
+                    file.truncate(keep)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "w", newline="") as file:
                 csv.writer(file).writerow(columns)
 
     def rows(self) -> list[dict[str, str]]:
-        return read_csv(self.path)
+        return read_csv(self.path, self.columns, what="a study's row log", allow_empty=True)
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -198,9 +217,62 @@ class RowLog:
             file.flush()
 
 
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as file:
-        return list(csv.DictReader(file))
+def read_csv(
+    path: Path,
+    columns: list[str] | tuple[str, ...] = (),
+    *,
+    what: str = "a CSV of a study",
+    integers: tuple[str, ...] = (),
+    numbers: tuple[str, ...] = (),
+    allow_empty: bool = False,
+) -> list[dict[str, str]]:
+    """The rows of a CSV a study wrote, checked as ``zoo report`` checks a ``runs.csv``: the file exists and is text
+    (:func:`experiments.records.csv_fields`), its header has ``columns``, every row as many fields as the
+    header and a line end (a file cut anywhere fails one of these), ``integers`` and ``numbers`` cells parse (or are
+    empty), and, unless ``allow_empty``, it has a row. Any failure is an :class:`UnreadableRecord` naming the file,
+    the line and what is wrong; ``what`` says what the file should have been."""
+    try:
+        header, records = csv_fields(path, what)
+    except ValueError as error:
+        raise UnreadableRecord(str(error)) from None
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise UnreadableRecord(f"{path}: not {what}: no column(s) {', '.join(missing)}")
+    rows = []
+    for where, fields in records:
+        row = dict(zip(header, fields, strict=True))
+        for column in (*integers, *numbers):
+            try:
+                if row.get(column, "") != "":  # an optional column may be absent
+                    (int if column in integers else float)(row[column])
+            except ValueError:
+                raise UnreadableRecord(f"{where}: {column} {row[column]!r} is not a number") from None
+        rows.append(row)
+    if not rows and not allow_empty:
+        raise UnreadableRecord(f"{path}: no rows, only a header: not {what}")
+    return rows
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object a study wrote; an :class:`UnreadableRecord` naming the file when it is not one."""
+    try:
+        value = json.loads(read_text(path, what))
+    except json.JSONDecodeError as error:
+        message = f"{path}: not JSON ({error.msg}, line {error.lineno}): a truncated or corrupt file"
+        raise UnreadableRecord(message) from None
+    except ValueError as error:
+        raise UnreadableRecord(str(error)) from None
+    if not isinstance(value, dict):
+        raise UnreadableRecord(f"{path}: expected a JSON object {{...}}, got {type(value).__name__}: not {what}")
+    return value
+
+
+def repo_path(path: str | Path | None) -> str | None:
+    """``path`` as the files a study writes name it: relative to the repository's root (POSIX separators), so that
+    a reader's checkout resolves it and no folder of the machine is named; None stays None."""
+    if path is None:
+        return None
+    return Path(os.path.relpath(Path(path).resolve(), ROOT)).as_posix()
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:

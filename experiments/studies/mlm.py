@@ -45,9 +45,10 @@ from attention_zoo import attention_options, get_attention_class
 from attention_zoo.linformer import DEFAULT_K
 from experiments.compare.command import plan
 from experiments.compare.runs import read_record
+from experiments.compare.summary import CONTROL
 from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
 from experiments.studies.cli import add_output_options, run_study
-from experiments.studies.common import read_csv, write_csv
+from experiments.studies.common import UnreadableRecord, read_csv, read_json, repo_path, write_csv
 from experiments.studies.mlm_plots import OLD_VAL, TEST, plot
 
 #: the study's zoo compare configs (package data of experiments.studies)
@@ -59,7 +60,9 @@ EVAL_TEXT_COLUMNS = ["experiment", "n", "evaluation", "split", "sequences", "tok
                      "run_dir"]  # fmt: skip
 TABLE_COLUMNS = ["n", "attention", "k", "sharing", "evaluation", "seeds_expected", "seeds_finished", "seeds", "mean",
                  "std", "ci_low", "ci_high", "unigram_ppl", "gap_nats", "paired_seeds", "delta", "delta_lo",
-                 "delta_hi", "p_value", "margin", "verdict"]  # fmt: skip
+                 "delta_hi", "p_value", "margin", "verdict", "on_par_margin", "gap_fraction"]  # fmt: skip
+#: the runs.csv columns a replot reads (a runs.csv written before test evaluation lacks the other two)
+RUN_COLUMNS_READ = [c for c in RUN_COLUMNS if c not in ("evaluation", "final_test_ppl")]
 METRIC = "val/ppl"
 
 
@@ -139,7 +142,7 @@ def collect(expected: list[ExpectedRun]) -> tuple[list[dict], list[dict]]:
                 "sharing": run.sharing, "label": run.label, "seed": run.seed, "status": status}  # fmt: skip
         finals = {f"final_{stage}_ppl": _cell(metrics.get(f"{stage}/ppl")) for stage in ("val", "test")}
         progress = {"step": record.get("step", ""), "max_steps": record.get("max_steps", "")}
-        runs.append(base | progress | finals | {"evaluation": run.evaluation, "run_dir": str(run.directory)})
+        runs.append(base | progress | finals | {"evaluation": run.evaluation, "run_dir": repo_path(run.directory)})
         curves += [base | {"step": step, "val_ppl": f"{value:.6g}"} for step, value in read_curve(run.directory)]
     return curves, runs
 
@@ -202,7 +205,7 @@ def eval_texts(expected: list[ExpectedRun]) -> list[dict]:
         if text is not None:
             seen.add((run.experiment, run.n))
             rows.append({"experiment": run.experiment, "n": run.n, "evaluation": run.evaluation} | text
-                        | {"run_dir": str(run.directory)})  # fmt: skip
+                        | {"run_dir": repo_path(run.directory)})  # fmt: skip
     return rows
 
 
@@ -210,8 +213,9 @@ def table_rows(runs: list[dict], texts: list[dict] | None = None) -> list[dict]:
     """Final perplexity per (n, attention, k, sharing, evaluation) over its finished seeds (:func:`judged_ppl`),
     in first-seen order, with the unigram baseline of its experiment's evaluation text (``texts``: rows of
     :func:`eval_texts`) and the gap below it, ln(unigram) - ln(ppl) in nats per masked token (mean over seeds),
-    and the paired difference from full attention at the same n and evaluation and its verdict (the rule of
-    :mod:`experiments.stats`, margin 2% of full's perplexity)."""
+    and the paired difference from full attention at the same n and evaluation, its verdict (the rule of
+    :mod:`experiments.stats`, margin 2% of full's perplexity), the smallest margin at which it would be ``on par``,
+    and, where the no-attention control (``self_only``) ran at that n, Δ as a fraction of the control's Δ."""
     unigram = {(t["experiment"], str(t["n"])): float(t["unigram_ppl"]) for t in texts or []}
     groups: dict[tuple, list[dict]] = {}
     for row in runs:
@@ -236,16 +240,23 @@ def table_rows(runs: list[dict], texts: list[dict] | None = None) -> list[dict]:
         reference = next((finals[other] for other in finals if other[0] == n and other[1] == "full"
                           and other[4] == evaluation), None)  # fmt: skip
         item |= dict.fromkeys(("paired_seeds", "delta", "delta_lo", "delta_hi", "p_value", "margin"), "")
-        item["verdict"] = "reference" if attention == "full" else "-"
+        item |= {"verdict": "reference" if attention == "full" else "-", "on_par_margin": "", "gap_fraction": ""}
         if attention != "full" and reference and per_seed:
             full_mean = sum(reference.values()) / len(reference)
             margin = default_margin("val_ppl", full_mean)
-            difference = paired_difference(per_seed, reference, margin=margin, higher_is_better=False)
+            difference = paired_difference(per_seed, reference, margin=margin, higher_is_better=False,
+                                           bounds=metric_bounds("val_ppl"))  # fmt: skip
             item |= {"paired_seeds": difference.n, "margin": f"{margin:.4f}", "verdict": difference.verdict}
             for name, value in (("delta", difference.mean), ("delta_lo", difference.low),
-                                ("delta_hi", difference.high), ("p_value", difference.p_value)):  # fmt: skip
-                item[name] = f"{value:.4f}" if value == value else ""
+                                ("delta_hi", difference.high), ("p_value", difference.p_value),
+                                ("on_par_margin", difference.on_par_margin)):  # fmt: skip
+                item[name] = f"{value:.4f}" if math.isfinite(value) else ""
         table.append(item)
+    for item in table:  # Δ over the control's Δ at the same n and evaluation
+        control = next((c for c in table if c["attention"] == CONTROL and c["n"] == item["n"]
+                        and c["evaluation"] == item["evaluation"] and c["delta"] != ""), None)  # fmt: skip
+        if control is not None and item["delta"] != "" and float(control["delta"]) != 0:
+            item["gap_fraction"] = f"{float(item['delta']) / float(control['delta']):.4f}"
     return table
 
 
@@ -257,11 +268,13 @@ def markdown(table: list[dict], runs: list[dict], texts: list[dict] | None = Non
         " masked labels (no context, optimistic); gap: ln(unigram) - ln(ppl), nats per masked token, mean over"
         " seeds. Δ: the paired difference from full attention at the same n and evaluation over shared seeds"
         " (95% interval), p: paired t-test; verdict by the rule of `experiments/stats.py` with δ = 2% of full's"
-        f" perplexity: {RULE}.",
+        f" perplexity: {RULE}. On par from δ: the smallest margin (PPL) at which the verdict would be `on par`."
+        f" Δ / Δ control: Δ over the Δ of `{CONTROL}`, the no-attention control (each position sees only itself),"
+        " at the same n: 0 = full attention's perplexity, 1 = no better than no attention.",
         "",
         "| n | model | k | sharing | evaluation | final ppl, mean ± std | 95% interval | unigram | gap (nats) "
-        "| seeds finished | Δ vs full [95% CI] | p | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| seeds finished | Δ vs full [95% CI] | p | verdict | on par from δ | Δ / Δ control |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in table:
         value = f"{float(row['mean']):.3f}" if row["mean"] else "-"
@@ -274,9 +287,12 @@ def markdown(table: list[dict], runs: list[dict], texts: list[dict] | None = Non
         p_value = f"{float(row['p_value']):.2g}" if row["p_value"] != "" else "-"
         unigram = f"{float(row['unigram_ppl']):.2f}" if row["unigram_ppl"] else "-"
         gap = f"{float(row['gap_nats']):.3f}" if row["gap_nats"] else "-"
+        on_par = f"{float(row['on_par_margin']):.3f}" if row.get("on_par_margin") else "-"
+        fraction = f"{float(row['gap_fraction']):.2f}" if row.get("gap_fraction") else "-"
         lines.append(
             f"| {row['n']} | {row['attention']} | {row['k'] or '-'} | {row['sharing'] or '-'} | {row['evaluation']} "
-            f"| {value} | {interval} | {unigram} | {gap} | {seeds} | {delta} | {p_value} | {row['verdict']} |"
+            f"| {value} | {interval} | {unigram} | {gap} | {seeds} | {delta} | {p_value} | {row['verdict']} "
+            f"| {on_par} | {fraction} |"
         )
     if texts:
         lines += ["", "Evaluation texts (from each experiment's first run with a config.yaml):"]
@@ -314,8 +330,21 @@ def main(argv: list[str]) -> int:
 
 
 def _replot(directory: Path, args: Namespace) -> list[Path]:
-    runs = read_csv(directory / "runs.csv")
-    texts = read_csv(directory / "eval_text.csv") if (directory / "eval_text.csv").is_file() else []
+    what = "the folder of a zoo study mlm"
+    runs = read_csv(directory / "runs.csv", RUN_COLUMNS_READ, what=what, integers=("n", "seed"),
+                    numbers=("final_val_ppl", "final_test_ppl"))  # fmt: skip
+    saved = directory / "mlm.json"
+    expected = read_json(saved, what).get("expected_runs", {}) if saved.is_file() else {}
+    if not isinstance(expected, dict):
+        raise UnreadableRecord(f"{saved}: expected_runs {expected!r} is not a mapping of experiment to runs")
+    for experiment, count in Counter(row["experiment"] for row in runs).items():
+        if expected.get(experiment, count) != count:  # a file cut at a line end: its last experiment is short
+            raise UnreadableRecord(f"{directory / 'runs.csv'}: {count} runs of {experiment}, {saved} says the study "
+                                   f"expected {expected.get(experiment)}: a truncated file")  # fmt: skip
+    texts = []
+    if (directory / "eval_text.csv").is_file():
+        texts = read_csv(directory / "eval_text.csv", EVAL_TEXT_COLUMNS[:-1], what=what, allow_empty=True,
+                         integers=("n", "sequences", "tokens", "masked_tokens"), numbers=("unigram_ppl",))  # fmt: skip
     table = table_rows(runs, texts)
     write_csv(directory / "table.csv", table, TABLE_COLUMNS)
     (directory / "table.md").write_text(markdown(table, runs, texts))
@@ -335,9 +364,9 @@ def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     write_csv(directory / "eval_text.csv", texts, EVAL_TEXT_COLUMNS)
     write_csv(directory / "table.csv", table, TABLE_COLUMNS)
     (directory / "table.md").write_text(markdown(table, runs, texts))
-    (directory / "mlm.json").write_text(
-        json.dumps({"configs": args.configs, "runs_dir": args.runs_dir}, indent=2) + "\n"
-    )
+    settings = {"configs": repo_path(args.configs), "runs_dir": repo_path(args.runs_dir),
+                "expected_runs": Counter(run.experiment for run in expected)}  # fmt: skip
+    (directory / "mlm.json").write_text(json.dumps(settings, indent=2) + "\n")
     written = plot(directory)
     finished = sum(judged_ppl(r) is not None for r in runs)
     out.print(f"{finished} of {len(runs)} runs finished; wrote {directory}/curves.csv, runs.csv, eval_text.csv, "

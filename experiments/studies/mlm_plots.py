@@ -20,6 +20,9 @@ from experiments.studies.common import number, pyplot, read_csv, save_figure
 SHARINGS = ("none", "headwise", "kv", "layerwise")
 #: how a run is judged: by test/ppl on the one evaluation text, or (old experiments) by val/ppl
 TEST, OLD_VAL = "test", "val (old init)"
+#: the columns of curves.csv and table.csv the figure reads
+CURVE_COLUMNS = ("n", "attention", "k", "sharing", "seed", "step", "val_ppl")
+TABLE_COLUMNS = ("n", "attention", "k", "sharing", "mean", "std")
 
 
 def _mean_curve(rows: list[dict[str, str]]) -> tuple[list[int], list[float], list[float], int]:
@@ -64,8 +67,12 @@ def _sharing_k(curves: list[dict[str, str]]) -> int | None:
 
 def plot(directory: Path) -> list[Path]:
     plt = pyplot()
-    curves = read_csv(directory / "curves.csv")
-    table = read_csv(directory / "table.csv")
+    what = "the folder of a zoo study mlm"
+    # curves.csv may hold no row: no run has logged a validation yet
+    curves = read_csv(directory / "curves.csv", CURVE_COLUMNS, what=what, integers=("n", "seed", "step"),
+                      numbers=("val_ppl",), allow_empty=True)  # fmt: skip
+    table = read_csv(directory / "table.csv", TABLE_COLUMNS, what=what, integers=("n",),
+                     numbers=("mean", "std"))  # fmt: skip
     lengths = sorted({int(r["n"]) for r in table})
     ks = sorted({int(r["k"]) for r in table if r["k"]})
     k_color = dict(zip(ks, plt.cm.viridis([0.9 * i / max(1, len(ks) - 1) for i in range(len(ks))]), strict=True))

@@ -39,6 +39,7 @@ from attention_zoo.full import FullAttention
 from experiments.studies.cli import add_output_options, run_study
 from experiments.studies.common import (
     TrainedRun,
+    UnreadableRecord,
     capture,
     full_length_batches,
     load_data_module,
@@ -46,6 +47,8 @@ from experiments.studies.common import (
     number,
     pyplot,
     read_csv,
+    read_json,
+    repo_path,
     save_figure,
     write_csv,
 )
@@ -152,9 +155,29 @@ def at_k(rows: list[dict[str, str]], k: int) -> list[dict[str, object]]:
     return [{**r, "k": index} for r in rows if int(r["index"]) == index]
 
 
+def _check_complete(rows: list[dict[str, str]], path: Path) -> None:
+    """Both models of ``MODELS`` (the study measures both), each with one row per layer, head and index: a file cut
+    at a line end passes the reader, not this."""
+    models = {r["model"] for r in rows}
+    if models != set(MODELS):
+        raise UnreadableRecord(
+            f"{path}: rows of model(s) {', '.join(sorted(models))}; a spectrum has rows of {' and '.join(MODELS)}"
+        )
+    keys = {(r["model"], int(r["layer"]), int(r["head"]), int(r["index"])) for r in rows}
+    shape = [len({key[i] for key in keys}) for i in range(4)]
+    if len(rows) != len(keys) or len(keys) != shape[0] * shape[1] * shape[2] * shape[3]:
+        raise UnreadableRecord(
+            f"{path}: {len(rows)} rows, a spectrum of {shape[0]} model(s) x {shape[1]} layers x {shape[2]} heads x "
+            f"{shape[3]} indices has {shape[0] * shape[1] * shape[2] * shape[3]}, each once: a truncated file"
+        )
+
+
 def plot(directory: Path, k: int) -> list[Path]:
     """``fig1_left.png`` and ``fig1_right_k<k>.png`` (with ``spectrum_at_k<k>.csv``) from ``spectrum.csv``."""
-    rows = read_csv(directory / "spectrum.csv")
+    path = directory / "spectrum.csv"
+    rows = read_csv(path, CURVE_COLUMNS, what="the folder of a zoo study spectrum",
+                    integers=("layer", "head", "index"), numbers=("mean",))  # fmt: skip
+    _check_complete(rows, path)
     write_csv(directory / f"spectrum_at_k{k}.csv", at_k(rows, k), AT_K_COLUMNS)
     plt = pyplot()
     models = [m for m in MODELS if any(r["model"] == m for r in rows)]
@@ -233,7 +256,10 @@ def _check_sizes(args: Namespace) -> str | None:
 
 def _replot(directory: Path, args: Namespace) -> list[Path]:
     saved = directory / "spectrum.json"
-    return plot(directory, args.k or (json.loads(saved.read_text())["k"] if saved.is_file() else DEFAULT_K))
+    k = read_json(saved, "the folder of a zoo study spectrum").get("k", DEFAULT_K) if saved.is_file() else DEFAULT_K
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise UnreadableRecord(f"{saved}: k {k!r} is not an int >= 1")
+    return plot(directory, args.k or k)
 
 
 def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
@@ -247,8 +273,8 @@ def _run(parser: ArgumentParser, args: Namespace, out: Console) -> int:
     directory = Path(args.out)
     write_csv(directory / "spectrum.csv", curve_rows(moments), CURVE_COLUMNS)
     meta = {
-        "checkpoint": str(trained.checkpoint),
-        "config": str(trained.config),
+        "checkpoint": repo_path(trained.checkpoint),
+        "config": repo_path(trained.config),
         "attention": trained.attention,
         "n": trained.max_seq_len,
         "layers": int(trained.hparams["depth"]),

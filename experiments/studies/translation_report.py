@@ -1,4 +1,5 @@
-"""The translation experiment's tables and curves, in the layout of the WMT14 Linformer report (seeds/002):
+"""The translation experiment's tables and curves, in the layout of the WMT14 Linformer report (M. Pampaloni,
+"Evaluating Linformer's performance on the WMT14 EN-DE machine translation task", 2024):
 its results table (Model | PPL (dev) | BLEU (dev)) extended with test BLEU and chrF, the training time of its
 section 6.2 and the inference speed of section 6.3, plus the "copy the source" baseline row.
 
@@ -18,6 +19,8 @@ import csv
 import json
 from pathlib import Path
 from typing import Any
+
+from experiments.studies.common import read_csv, read_json
 
 COLUMNS = (
     ("model", "Model"),
@@ -40,7 +43,7 @@ def runs_of(experiment: Path) -> list[tuple[str, Path, dict[str, Any]]]:
     """(label, run directory, run.json) of every finished run, in label order."""
     found = []
     for record_path in sorted(experiment.glob("*/seed-*/run.json")):
-        record = json.loads(record_path.read_text())
+        record = read_json(record_path, "a zoo compare run record")
         if record.get("status") == "finished":
             run_dir = record_path.parent
             found.append((f"{run_dir.parent.name}/{run_dir.name}", run_dir, record))
@@ -185,8 +188,10 @@ def write(experiments: list[Path], out: Path) -> None:
 
 
 def replot(out: Path) -> None:
-    with open(out / "curves.csv") as file:
-        points = [{**row, "step": int(row["step"]), "value": float(row["value"])} for row in csv.DictReader(file)]
+    """Redraw ``curves.png`` from ``curves.csv``, read checked (:func:`experiments.studies.common.read_csv`)."""
+    rows = read_csv(out / "curves.csv", ("label", "tag", "step", "value"), what="a translation report's folder",
+                    integers=("step",), numbers=("value",))  # fmt: skip
+    points = [{**row, "step": int(row["step"]), "value": float(row["value"])} for row in rows]
     plot(points, out / "curves.png", out.name)
 
 
@@ -220,7 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replot", action="store_true", help="redraw curves.png from curves.csv in --out")
     args = parser.parse_args(argv)
     if args.replot:
-        replot(args.out)
+        try:
+            replot(args.out)
+        except ValueError as error:  # a missing, truncated or foreign curves.csv
+            parser.error(str(error))
     elif not args.experiments:
         parser.error("give one or more experiment folders (or --replot)")
     else:

@@ -21,7 +21,6 @@ Writes ``verdicts.csv`` (one row per arm and seed, then one ``all`` row per arm 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,15 @@ from typing import Any
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from experiments.stats import DEFAULT_MARGINS, RULE, margin_text, paired_difference
-from experiments.studies.common import write_csv
+from experiments.bench.store import read_json_lines
+from experiments.stats import DEFAULT_MARGINS, RULE, margin_text, metric_bounds, paired_difference
+from experiments.studies.common import read_json, write_csv
 from experiments.studies.translation_report import model_name
 from tasks.translation import TEST_TRANSLATIONS
 
 COLUMNS = (
-    "arm", "seed", "reference_bleu", "arm_bleu", "difference", "low", "high", "p_value", "verdict", "reason",
-    "reference_bootstrap", "arm_bootstrap", "segments",
+    "arm", "seed", "reference_bleu", "arm_bleu", "difference", "low", "high", "p_value", "verdict", "on_par_margin",
+    "reason", "reference_bootstrap", "arm_bootstrap", "segments",
 )  # fmt: skip
 
 
@@ -50,14 +50,21 @@ def tested_runs(experiment: Path) -> dict[int, Path]:
 
 def translations(run_dir: Path) -> tuple[list[str], list[str]]:
     """(translations, references) of a tested run, in test-index order."""
-    rows = [json.loads(line) for line in (run_dir / TEST_TRANSLATIONS).read_text(encoding="utf-8").splitlines()]
+    path = run_dir / TEST_TRANSLATIONS
+    numbered, fragment = read_json_lines(path)
+    if fragment:  # a test set cut short would score fewer segments than its reference's
+        raise ValueError(f"{path}: its last line is half-written ({len(fragment)} bytes): rerun zoo test")
+    missing = [n for n, row in numbered if not {"index", "translation", "reference"} <= set(row)]
+    if missing:
+        raise ValueError(f"{path} line {missing[0]}: a translation row without index, translation and reference")
+    rows = [row for _, row in numbered]
     rows.sort(key=lambda row: row["index"])
     return [row["translation"] for row in rows], [row["reference"] for row in rows]
 
 
 def arm_name(experiment: Path, run_dir: Path) -> str:
     """The arm as run (:func:`translation_report.model_name`), with its experiment."""
-    return f"{model_name(json.loads((run_dir / 'run.json').read_text()))} ({experiment.name})"
+    return f"{model_name(read_json(run_dir / 'run.json', 'a zoo compare run record'))} ({experiment.name})"
 
 
 def seed_row(reference: Path, arm: Path, samples: int) -> dict[str, Any]:
@@ -101,6 +108,7 @@ def verdict_rows(reference: Path, arms: list[Path], samples: int, margin: float)
             {r["seed"]: r["reference_bleu"] for r in per_seed},
             margin=margin,
             higher_is_better=True,
+            bounds=metric_bounds("test_bleu"),
         )
         rows.append(
             {
@@ -113,6 +121,7 @@ def verdict_rows(reference: Path, arms: list[Path], samples: int, margin: float)
                 "high": result.high,
                 "p_value": result.p_value,
                 "verdict": result.verdict,
+                "on_par_margin": result.on_par_margin,
                 "reason": result.reason,
                 "segments": per_seed[0]["segments"],
             }
@@ -124,18 +133,22 @@ def markdown(rows: list[dict[str, Any]], reference: Path, samples: int, margin: 
     lines = [
         f"Reference: `{reference.name}`. Per seed: test BLEU of both runs, Δ = arm - reference, and sacreBLEU's paired "
         f"bootstrap ({samples} resamples of the test segments: each system's mean ± 95% interval, the p-value of Δ). "
-        f"Over seeds (`all`): the paired difference, its 95% interval and the verdict, {margin_text(margin)}: {RULE}.",
+        f"Over seeds (`all`): the paired difference, its 95% interval and the verdict, {margin_text(margin)}: {RULE}; "
+        "on par from δ: the smallest margin (BLEU points) at which it would be `on par`.",
         "",
-        "| arm | seed | reference BLEU | arm BLEU | Δ [95% CI] | p | verdict | bootstrap: reference | bootstrap: arm |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | seed | reference BLEU | arm BLEU | Δ [95% CI] | p | verdict | on par from δ | bootstrap: reference |"
+        " bootstrap: arm |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         low = row.get("low")
         interval = f" [{low:+.2f}, {row['high']:+.2f}]" if low is not None and not math.isnan(low) else ""
         p_value = "-" if row.get("p_value") is None else f"{row['p_value']:.3g}"
+        on_par = row.get("on_par_margin")
+        on_par_text = "-" if on_par is None or math.isnan(on_par) else "∞" if math.isinf(on_par) else f"{on_par:.2f}"
         cells = [
             row["arm"], str(row["seed"]), f"{row['reference_bleu']:.2f}", f"{row['arm_bleu']:.2f}",
-            f"{row['difference']:+.2f}{interval}", p_value, row.get("verdict", ""),
+            f"{row['difference']:+.2f}{interval}", p_value, row.get("verdict", ""), on_par_text,
             row.get("reference_bootstrap", ""), row.get("arm_bootstrap", ""),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

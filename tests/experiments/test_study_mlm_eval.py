@@ -137,3 +137,23 @@ def test_a_partial_study_gives_no_spread_from_one_seed_and_no_verdict_without_ru
     assert table["linformer"]["verdict"] == "-"  # nothing to judge: not "inconclusive"
     rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith("| 32 |")]
     assert "| 5.000 |" in rows[0] and "±" not in rows[0]
+
+
+def test_the_table_gives_the_smallest_on_par_margin_and_the_gap_to_the_no_attention_control():
+    from experiments.studies.mlm import table_rows
+
+    finals = {"full": (16.0, 16.5, 16.2), "linformer": (16.4, 16.7, 16.9), "self_only": (19.0, 19.6, 19.3)}
+    runs = [
+        {"experiment": "e", "n": 512, "attention": name, "k": "", "sharing": "", "label": name, "seed": seed,
+         "status": "finished", "evaluation": "test", "final_val_ppl": "", "final_test_ppl": str(ppl)}
+        for name, values in finals.items() for seed, ppl in enumerate(values)
+    ]  # fmt: skip
+    table = {row["attention"]: row for row in table_rows(runs)}
+    deltas = [a - b for a, b in zip(finals["linformer"], finals["full"], strict=True)]
+    mean = sum(deltas) / 3
+    half90 = 2.919986 * math.sqrt(sum((d - mean) ** 2 for d in deltas) / 2) / math.sqrt(3)  # t_{0.95, 2}
+    linformer = table["linformer"]
+    assert float(linformer["on_par_margin"]) == pytest.approx(abs(mean) + half90, abs=1e-4)
+    control_delta = sum(finals["self_only"]) / 3 - sum(finals["full"]) / 3
+    assert float(linformer["gap_fraction"]) == pytest.approx(mean / control_delta, abs=1e-4)
+    assert float(table["self_only"]["gap_fraction"]) == pytest.approx(1.0) and table["full"]["gap_fraction"] == ""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -43,8 +45,9 @@ def damaged(sentence: str, rng: random.Random, drop: float) -> str:
 
 
 def test_identical_arm_is_on_par_and_a_damaged_arm_is_worse(tmp_path):
+    """Five seeds: an identical arm's Δ is 0 on every seed, which the sign-flip test calls on par from 5 seeds."""
     reference, same, worse = tmp_path / "ref", tmp_path / "same", tmp_path / "worse"
-    for seed in range(3):
+    for seed in range(5):
         rng = random.Random(seed)
         outputs = [damaged(r, rng, 0.1) for r in REFERENCES]
         write_run(reference, seed, outputs, "full", REFERENCES)
@@ -78,3 +81,21 @@ def test_runs_that_translated_different_test_sets_are_refused(tmp_path, capsys):
 def csv_rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as file:
         return list(csv.DictReader(file))
+
+
+def test_the_verdict_row_gives_the_smallest_on_par_margin(tmp_path):
+    reference, arm = tmp_path / "ref", tmp_path / "arm"
+    for seed in range(3):
+        rng = random.Random(seed)
+        outputs = [damaged(r, rng, 0.1) for r in REFERENCES]
+        write_run(reference, seed, outputs, "full", REFERENCES)
+        write_run(arm, seed, [damaged(o, rng, 0.3) for o in outputs], "linformer", REFERENCES)
+    out = tmp_path / "out"
+    assert translation_verdicts.main(["--reference", str(reference), "--arms", str(arm), "--out", str(out),
+                                      "--samples", "50"]) == 0  # fmt: skip
+    row = next(r for r in csv_rows(out / "verdicts.csv") if r["seed"] == "all")
+    per_seed = [float(r["difference"]) for r in csv_rows(out / "verdicts.csv") if r["seed"] != "all"]
+    mean = sum(per_seed) / 3
+    half90 = 2.919986 * statistics.stdev(per_seed) / math.sqrt(3)  # t_{0.95, 2}
+    assert float(row["on_par_margin"]) == pytest.approx(abs(mean) + half90, rel=1e-5)
+    assert "| on par from δ |" in (out / "verdicts.md").read_text()

@@ -7,10 +7,10 @@
 # its translation cache, and the wheels the device's Python lacks (jsonargparse and its signature extras) or has at
 # another version (tokenizers, sacrebleu). The script checks that the cache took no new entry.
 #   here:            bash experiments/studies/translation/run_arms_gpu.sh --bundle      # builds .gpu/ (git-ignored)
-#   on the device:   bash experiments/studies/translation/run_arms_gpu.sh 1 2           # seeds; carry .gpu
-# Results come back as $OUT/runs.tgz (checkpoints left out); copy each seed-N folder into runs/<experiment>/<label>/
-# and `zoo compare ... --seeds N+1` writes the summary without re-running them. REHEARSAL=1 runs it here with tiny
-# settings (3 steps, one val and test batch).
+#   on the GPU:      bash experiments/studies/translation/run_arms_gpu.sh 1 2           # seeds; .gpu/ copied along
+# Results are written to $OUT/runs.tgz (default runs/gpu_out/; checkpoints left out); copy each seed-N folder into
+# runs/<experiment>/<label>/, and `zoo compare ... --seeds N+1` writes the summary without re-running them.
+# REHEARSAL=1 runs it here with tiny settings (3 steps, one val and test batch).
 set -u
 if [ "${1:-}" = "--bundle" ]; then
   rm -rf .gpu && mkdir -p .gpu/whl .gpu/locale .gpu/cache
@@ -24,7 +24,7 @@ if [ "${1:-}" = "--bundle" ]; then
 fi
 t0=$(date +%s)
 deadline=${DEADLINE:-520}
-out=${OUT:-/tmp/gpu_out}; mkdir -p "$out"
+out=${OUT:-runs/gpu_out}; mkdir -p "$out"
 root=$PWD
 if [ -z "${REHEARSAL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl || exit 1
