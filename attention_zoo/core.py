@@ -7,7 +7,10 @@ refused, not silently supported by some cores). ``mask`` is ``(B, Nk)`` bool wit
 to the end, as in decoding with a cache). Padded keys and values are zeroed before the mechanism sees
 them, so whatever padding holds (NaN and inf included) never reaches a real output. An empty input
 (B = 0, Nq = 0 or Nk = 0) gives the empty, or all-zero, output without calling the mechanism: a query
-with no key sees nothing, as a fully padded row does.
+with no key sees nothing, as a fully padded row does. That output is still a function of q, k, v and the core's
+parameters, with derivative zero: backward through an empty batch (the last shard of a distributed epoch) gives
+zero gradients to every input and parameter, as DistributedDataParallel needs (it waits for a gradient of every
+parameter on every process), to any order.
 
 Step-by-step causal decoding (:meth:`AttentionCore.decode`): feed the next T positions' q, k, v with a
 :class:`DecodingState` from :meth:`AttentionCore.start_decoding`; the outputs equal those of the causal
@@ -33,6 +36,7 @@ first, so a core only ever sees well-formed input.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -209,7 +213,7 @@ class AttentionCore(nn.Module):
         if self.max_seq_len is None:
             self.check_length_bounds(k.shape[-2], "the key length")
         if q.numel() == 0 or k.shape[-2] == 0:
-            return q.new_zeros(q.shape)
+            return self.guard_double_backward(self.no_attention(q, k, v))
         if mask is not None:
             shared = self.needs_shared_qk and q is k
             k, v = zero_padded(k, mask), zero_padded(v, mask)
@@ -252,7 +256,7 @@ class AttentionCore(nn.Module):
         state.batch = q.shape[0]
         if q.shape[0] == 0 or t == 0:
             state.length = total
-            return q.new_zeros(q.shape)
+            return self.guard_double_backward(self.no_attention(q, k, v))
         if mask is not None:
             shared = self.needs_shared_qk and q is k
             k, v = zero_padded(k, mask), zero_padded(v, mask)
@@ -277,6 +281,14 @@ class AttentionCore(nn.Module):
         )
         full_mask = None if bool(state.mask.all()) else state.mask
         return self.attend(state.q, state.k, state.v, mask=full_mask, causal=True)[:, :, -q.shape[-2] :]
+
+    def no_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Zeros shaped like ``q``, the output for an empty input, in the graph of q, k, v and the core's parameters
+        with derivative zero (see the module docstring), so that backward reaches all of them."""
+        tensors = [t for t in dict.fromkeys((q, k, v, *self.parameters())) if t.requires_grad]
+        if not (torch.is_grad_enabled() and tensors):
+            return q.new_zeros(q.shape)
+        return _Zeros.apply(q.shape, q.dtype, *tensors)
 
     def guard_double_backward(self, out: Tensor) -> Tensor:
         """``out``, behind a node that refuses create_graph=True when the core does not declare
@@ -391,6 +403,49 @@ class _RefuseDoubleBackward(torch.autograd.Function):
                 f"a Hessian-vector product); cores that do: {', '.join(_double_backward_cores())}"
             )
         return grad, None
+
+
+class _Zeros(torch.autograd.Function):
+    """Zeros of a given shape and dtype as a function of ``tensors`` (on their device), with derivative zero to
+    every order: the gradient it returns is again this function, of the incoming gradient and the same tensors."""
+
+    @staticmethod
+    def forward(ctx: Any, shape: torch.Size, dtype: torch.dtype, *tensors: Tensor) -> Tensor:
+        ctx.save_for_backward(*tensors)
+        return torch.zeros(shape, dtype=dtype, device=tensors[0].device)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        tensors, needs = ctx.saved_tensors, ctx.needs_input_grad[2:]
+        graph = torch.is_grad_enabled()  # create_graph=True: the gradient must be part of the graph again
+        return (
+            None,
+            None,
+            *(
+                None if not need else _Zeros.apply(t.shape, t.dtype, grad, *tensors) if graph else torch.zeros_like(t)
+                for t, need in zip(tensors, needs, strict=True)
+            ),
+        )
+
+
+def recomputed_gradients(
+    function: Callable[..., Tensor], inputs: Sequence[Tensor], needs: Sequence[bool], grad: Tensor
+) -> list[Tensor | None]:
+    """The gradients of ``function(*inputs)`` for the output gradient ``grad`` by autograd (None where ``needs`` is
+    False): what a custom backward returns when it recomputes its forward, for a graph of the gradient
+    (create_graph=True, when grad mode is on) or for a second backward of a retained graph.
+
+    ``function`` runs on an alias of each input, and autograd differentiates with respect to the aliases. With
+    respect to the saved inputs themselves it would return total derivatives: every path from one input to another
+    outside ``function`` (one tensor passed as both q and k; Nystrom's values computed from its queries) would be
+    counted in that input's gradient, and then once more by the caller's graph."""
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        aliases = [t.view_as(t) for t in inputs]
+        out = function(*aliases)
+    wanted = [a for a, need in zip(aliases, needs, strict=True) if need]
+    grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=create_graph))
+    return [next(grads) if need else None for need in needs]
 
 
 def _same_tensor(a: Tensor, b: Tensor) -> bool:

@@ -155,8 +155,8 @@ class ChunkedCosformer(torch.autograd.Function):
         none = (None,) * 4
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
 
-            def dense() -> Tensor:
-                q, k, v = (flat(t) for t in inputs)
+            def dense(*qkv: Tensor) -> Tensor:
+                q, k, v = (flat(t) for t in qkv)
                 fk = reweighted(k, wk)
                 fk = fk if hidden is None else fk.masked_fill(hidden_rows(hidden, q.shape[0] // ctx.batch), 0.0)
                 return unflat(dense_bidirectional(reweighted(q, wq), fk, v), ctx.batch)

@@ -62,7 +62,7 @@ class BidirectionalProduct(torch.autograd.Function):
         needs = ctx.needs_input_grad
         unflat = lambda t: t.view(*inputs[0].shape[:2], *t.shape[1:])
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            return differentiable_backward(lambda: dense_bidirectional(*inputs), inputs, needs, grad, 0)
+            return differentiable_backward(dense_bidirectional, inputs, needs, grad, 0)
         fq, fk, v = (flat(t) for t in inputs)
         grad = flat(grad)
         scaled = grad * inverse(denominator)  # G~ (0 where the denominator is <= 0)

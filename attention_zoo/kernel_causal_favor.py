@@ -131,7 +131,7 @@ class CausalFavor(torch.autograd.Function):
         s, relu, chunk, span, needs = ctx.s, ctx.relu, ctx.chunk, ctx.span, ctx.needs_input_grad[:3]
         none = (None,) * 6
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            dense = lambda: unflat(unspanned(*(flat(t) for t in inputs), w, s, hidden, relu, chunk), ctx.batch)
+            dense = lambda *qkv: unflat(unspanned(*(flat(t) for t in qkv), w, s, hidden, relu, chunk), ctx.batch)
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         q, k, v = (flat(t) for t in inputs)
         values = F.pad(v, (0, 1), value=1.0)

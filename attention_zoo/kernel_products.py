@@ -21,6 +21,7 @@ from einops import rearrange
 from torch import Tensor
 
 from attention_zoo.chunking import chunk_elements
+from attention_zoo.core import recomputed_gradients
 from attention_zoo.decoding_cache import builds_graph
 
 LOW = -1e30  # log-scale of a padded key: exp(LOW - anything real) = 0, and LOW - LOW = 0 (never NaN)
@@ -78,13 +79,10 @@ class Normalised(torch.autograd.Function):
 
 
 def differentiable_backward(dense, inputs: tuple[Tensor, ...], needs: tuple[bool, ...], grad: Tensor, extra: int):
-    """A custom backward asked for a graph (create_graph=True): the gradients of ``dense()``, the same product by
-    autograd-visible operations, for the ``inputs`` that ``needs`` marks, then ``extra`` Nones (the other inputs)."""
-    with torch.enable_grad():
-        again = dense()
-    wanted = [t for t, need in zip(inputs, needs, strict=True) if need]
-    grads = iter(torch.autograd.grad(again, wanted, grad, create_graph=True))
-    return (*(next(grads) if need else None for need in needs), *(None,) * extra)
+    """A custom backward asked for a graph (create_graph=True): the gradients of ``dense(*inputs)``, the same
+    product by autograd-visible operations, for the ``inputs`` that ``needs`` marks, then ``extra`` Nones (the other
+    inputs). :func:`~attention_zoo.core.recomputed_gradients`: one tensor may be passed as several inputs."""
+    return (*recomputed_gradients(dense, inputs, needs, grad), *(None,) * extra)
 
 
 def flat(t: Tensor) -> Tensor:
@@ -359,7 +357,7 @@ class FavorAttention(torch.autograd.Function):
         s, relu, chunk, needs = ctx.s, ctx.relu, ctx.chunk, ctx.needs_input_grad[:3]
         none = (None,) * 5
         if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
-            dense = lambda: unflat(dense_favor(*(flat(t) for t in inputs), w, s, hidden, relu, reference), ctx.batch)
+            dense = lambda *qkv: unflat(dense_favor(*(flat(t) for t in qkv), w, s, hidden, relu, reference), ctx.batch)
             return differentiable_backward(dense, inputs, needs, grad, len(none))
         (q, k, v), grad = (flat(t) for t in inputs), flat(grad)
         grad_q, grad_k, grad_v = (

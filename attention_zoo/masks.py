@@ -8,12 +8,13 @@ A per-element rule (:data:`MaskMod`) follows FlexAttention's ``mask_mod`` conven
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import DoubleBackwardError
+from attention_zoo.core import DoubleBackwardError, recomputed_gradients
 
 #: ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``, True = query ``q_idx`` may attend key ``kv_idx``; the
 #: arguments are broadcastable integer tensors (FlexAttention's convention)
@@ -142,11 +143,8 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
                     f"attention dropout (dropout_p={ctx.dropout_p}) cannot be differentiated twice: its random draw "
                     "is inside torch's fused kernel; use dropout 0, or backend='math' for full attention"
                 )
-            q, k, v = ctx.saved_tensors
-            wanted = [t for t, n in zip((q, k, v), needed, strict=True) if n]
-            with torch.enable_grad():
-                out = _sdpa_reference(q, k, v, ctx.attn_mask, ctx.is_causal)
-            grads = iter(torch.autograd.grad(out, wanted, grad, create_graph=torch.is_grad_enabled()))
+            reference = partial(_sdpa_reference, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal)
+            grads = iter(recomputed_gradients(reference, ctx.saved_tensors, needed, grad))
         return (*(next(grads) if n else None for n in needed), None, None, None)
 
 

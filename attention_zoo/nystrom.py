@@ -58,6 +58,7 @@ their gradient stay in cache on the CPU; on an accelerator the blocks take the m
 
 from __future__ import annotations
 
+from functools import partial
 from typing import ClassVar, Literal
 
 import torch
@@ -65,7 +66,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from attention_zoo import chunking
-from attention_zoo.core import Approximation, AttentionCore, Geometry
+from attention_zoo.core import Approximation, AttentionCore, Geometry, recomputed_gradients
 from attention_zoo.masks import masked_softmax
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
@@ -127,6 +128,11 @@ def head_blocks(batch: int, heads: int, per_head: int, device: torch.device) -> 
     return [(slice(b, b + 1), slice(h, h + count)) for b in range(batch) for h in range(0, heads, count)]
 
 
+def softmax_product(x: Tensor, y: Tensor, u: Tensor, allowed: Tensor | None) -> Tensor:
+    """What :class:`SoftmaxProduct` computes, by autograd-differentiable operations."""
+    return masked_softmax(x @ y.transpose(-1, -2), allowed) @ u
+
+
 class SoftmaxProduct(torch.autograd.Function):
     """``masked_softmax(x y^T, allowed) u`` for ``x: (B, H, r, d)``, ``y: (B, H, c, d)``, ``u: (B, H, c, e)``,
     ``allowed`` broadcastable to ``(B, 1, r, c)``; rows with nothing allowed give zeros.
@@ -135,7 +141,8 @@ class SoftmaxProduct(torch.autograd.Function):
     probabilities, their gradients) goes through main memory; here a block of heads at a time keeps them in
     cache (on the CPU; see :func:`head_blocks`), and only the probabilities are kept for backward. A backward
     with create_graph=True (second order) recomputes the product with autograd instead, so that its
-    gradient is differentiable again.
+    gradient is differentiable again (:func:`~attention_zoo.core.recomputed_gradients`: Nystrom's second
+    product takes values computed from its own queries, whose path the caller's graph already counts).
     """
 
     @staticmethod
@@ -155,11 +162,8 @@ class SoftmaxProduct(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, y, u, probs, out = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the probabilities must carry their graph of x and y
-            needed = ctx.needs_input_grad[:3]
-            wanted = [t for t, n in zip((x, y, u), needed, strict=True) if n]
-            product = masked_softmax(x @ y.transpose(-1, -2), ctx.allowed) @ u
-            grads = iter(torch.autograd.grad(product, wanted, grad, create_graph=True))
-            return (*(next(grads) if n else None for n in needed), None)
+            product = partial(softmax_product, allowed=ctx.allowed)
+            return (*recomputed_gradients(product, (x, y, u), ctx.needs_input_grad[:3], grad), None)
         dx, dy, du = x.new_empty(x.shape), y.new_empty(y.shape), u.new_empty(u.shape)
         for block in head_blocks(x.shape[0], x.shape[1], probs.shape[-2] * probs.shape[-1], x.device):
             p, g = probs[block], grad[block]

@@ -276,20 +276,68 @@ def test_decoding_is_refused_by_non_causal_cores_and_past_max_seq_len(case):
         core.decode(q[:, :, :1], k[:, :, :1], v[:, :, :1], state)
 
 
-@pytest.mark.parametrize("shape", [(0, 16, 16), (2, 0, 0), (2, 8, 0)], ids=["B=0", "N=0", "Nk=0"])
-def test_empty_inputs_give_empty_or_zero_outputs(case, shape):
+EMPTY_SHAPES = {"B=0": (0, 16, 16), "N=0": (2, 0, 0), "Nk=0": (2, 8, 0), "Nq=0": (2, 0, 8)}
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+@pytest.mark.parametrize("shape", EMPTY_SHAPES.values(), ids=EMPTY_SHAPES.keys())
+def test_empty_inputs_give_zero_outputs_that_backward_to_zero_gradients(case, shape, masked):
+    """An empty batch (the last shard of a distributed epoch), or queries without keys, gives the empty or
+    all-zero output, and that output is part of the graph: backward gives zero gradients to q, k, v and to
+    every parameter of the core (zeros, not None: DDP waits for a gradient of every parameter). A second-order
+    gradient follows ``supports_double_backward`` as for any other input."""
     name, options = case
     b, nq, nk = shape
     if nq != nk and not supports(name, "supports_cross_attention"):
         pytest.skip("self-attention only")
-    core = build(name, options)
-    q = torch.randn(b, core.heads, nq, core.dim_head, dtype=torch.float64)
-    k = v = torch.randn(b, core.heads, nk, core.dim_head, dtype=torch.float64)
-    if core.needs_shared_qk:
-        k = v = q
+    if masked and not supports(name, "supports_mask"):
+        pytest.skip("no padding masks")
+    core = build(name, options).train()
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(b, core.heads, nq, core.dim_head, generator=generator, dtype=torch.float64)
+    k, v = (torch.randn(b, core.heads, nk, core.dim_head, generator=generator, dtype=torch.float64) for _ in "kv")
+    leaves = [q, v] if core.needs_shared_qk else [q, k, v]
+    for t in leaves:
+        t.requires_grad_(True)
+    keys = q if core.needs_shared_qk else k
+    mask = pad_mask(torch.full((b,), nk // 2), nk) if masked else None
     for causal in [False, True] if supports(name, "supports_causal") else [False]:
-        out = core(q, k, v, causal=causal)
+        core.zero_grad(set_to_none=True)
+        for t in leaves:
+            t.grad = None
+        out = core(q, keys, v, mask=mask, causal=causal)
         assert out.shape == q.shape and not out.any()
+        (out * torch.randn(out.shape, generator=generator, dtype=out.dtype)).sum().backward()
+        for t in leaves:
+            torch.testing.assert_close(t.grad, torch.zeros_like(t), rtol=0.0, atol=0.0)
+        for pname, p in core.named_parameters():
+            assert p.grad is not None, f"parameter {pname} gets no gradient from an empty batch"
+            torch.testing.assert_close(p.grad, torch.zeros_like(p), rtol=0.0, atol=0.0)
+        out = core(q, keys, v, mask=mask, causal=causal)
+        if not supports(name, "supports_double_backward"):
+            with pytest.raises(RuntimeError, match=f"attention {name!r} does not support double backward"):
+                torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+            continue
+        grads = torch.autograd.grad((out + 1).square().sum(), leaves, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() + g.sum() for g in grads), leaves, allow_unused=False)
+        for t, g in zip(leaves, second, strict=True):
+            torch.testing.assert_close(g, torch.zeros_like(t), rtol=0.0, atol=0.0)
+
+
+def test_an_empty_decoding_step_backwards_to_zero_gradients(case):
+    name, options = case
+    if not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options).train()
+    q, k, v = (t[:0].requires_grad_(True) for t in qkv(core, 2, 4))
+    if core.needs_shared_qk:
+        k = q
+    out = core.decode(q, k, v, core.start_decoding())
+    assert out.shape == q.shape
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape and v.grad is not None and v.grad.shape == v.shape
+    for pname, p in core.named_parameters():
+        assert p.grad is not None and not p.grad.any(), f"parameter {pname}: {p.grad}"
 
 
 def test_inputs_that_break_the_contract_are_refused(case):
@@ -333,6 +381,94 @@ def test_double_backward_is_exact_or_refused_with_one_clear_error(case, causal):
     with pytest.raises(RuntimeError, match=f"attention {name!r} does not support double backward"):
         torch.autograd.grad(attention(*inputs).square().sum(), inputs, create_graph=True)
     assert all(g is not None for g in torch.autograd.grad(attention(*inputs).square().sum(), inputs))
+
+
+HESSIAN_N = 12  # several landmarks, blocks and chunks of the example configs; not a multiple of all of them
+HESSIAN_EPS = 1e-6  # central differences: truncation ~eps^2 and round-off ~1e-16 / eps
+# relative to the norm, not per entry: an ill-conditioned core (Nystrom's exact pseudo-inverse) has Hessian entries
+# spanning many orders of magnitude, the small ones carrying the round-off of the large ones, and a large third
+# derivative (the central difference's truncation error); a wrong second-order term is off by tens of percent
+HESSIAN_RTOL = 1e-5
+
+
+def assert_close_in_norm(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...], what: str) -> None:
+    error = sum((a - e).square().sum() for a, e in zip(actual, expected, strict=True)).sqrt()
+    scale = sum(e.square().sum() for e in expected).sqrt()
+    # plus a floor for a Hessian that is exactly zero (self_only: its output is its values)
+    assert error <= HESSIAN_RTOL * scale + 1e-10, f"{what}: error {error:.3g}, {error / scale:.3g} of the norm"
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+@pytest.mark.parametrize("shared", [False, True], ids=["q,k,v", "x,x,x"])
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_hessian_vector_products_are_symmetric_and_match_central_differences(case, causal, shared, masked):
+    """For a core with ``supports_double_backward`` and a scalar f(inputs) = sum(core(...) * w) in float64 (B = 2,
+    n = 12; ``shared``: self-attention on one tensor, core(x, x, x)): the gradient built with create_graph=True has
+    the plain backward's values; the Hessian is symmetric, hvp(f, x, r) == vhp(f, x, r); and H r equals the central
+    difference of the plain gradient along r (each to 1e-5 of its norm).
+
+    ``gradgradcheck`` cannot see a wrong gradient graph: it differentiates the graph that create_graph=True builds
+    and compares that with finite differences of the same graph's values, never with the plain backward's gradient
+    (``gradcheck`` checks that one); a core whose create_graph path computes another, wrong, gradient passes it."""
+    name, options = case
+    if causal and not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    if not supports(name, "supports_double_backward"):
+        pytest.skip("refuses double backward (test_double_backward_is_exact_or_refused_with_one_clear_error)")
+    if masked and not supports(name, "supports_mask"):
+        pytest.skip("no padding masks")
+    core = build(name, options)
+    mask = pad_mask(torch.tensor([HESSIAN_N, HESSIAN_N - 3]), HESSIAN_N) if masked else None
+    q, k, v = qkv(core, 2, HESSIAN_N)
+    attention, inputs = as_function(core, q, k, v, mask=mask, causal=causal)
+    if shared:
+        inputs = inputs[:1]
+
+        def attention(x: torch.Tensor) -> torch.Tensor:
+            return core(x, x, x, mask=mask, causal=causal)
+
+    generator = torch.Generator().manual_seed(1)
+    w = torch.randn(q.shape, generator=generator, dtype=q.dtype)
+    r = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in inputs)
+
+    def f(*tensors: torch.Tensor) -> torch.Tensor:
+        return (attention(*tensors) * w).sum()
+
+    def gradient(at: tuple[torch.Tensor, ...], create_graph: bool = False) -> tuple[torch.Tensor, ...]:
+        leaves = tuple(t.detach().requires_grad_(True) for t in at)
+        return torch.autograd.grad(f(*leaves), leaves, create_graph=create_graph)
+
+    for plain, with_graph in zip(gradient(inputs), gradient(inputs, create_graph=True), strict=True):
+        torch.testing.assert_close(
+            with_graph.detach(), plain, rtol=1e-9, atol=1e-11, msg=lambda m: f"create_graph: {m}"
+        )
+    inputs = tuple(t.detach() for t in inputs)
+    _, hr = torch.autograd.functional.hvp(f, inputs, r)
+    _, rh = torch.autograd.functional.vhp(f, inputs, r)
+    assert_close_in_norm(rh, hr, "vhp(f, x, r) against hvp(f, x, r): the Hessian is not symmetric")
+    ahead = gradient(tuple(x + HESSIAN_EPS * d for x, d in zip(inputs, r, strict=True)))
+    behind = gradient(tuple(x - HESSIAN_EPS * d for x, d in zip(inputs, r, strict=True)))
+    difference = tuple((a - b) / (2 * HESSIAN_EPS) for a, b in zip(ahead, behind, strict=True))
+    assert_close_in_norm(hr, difference, "Hr against the central difference of the gradient along r")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_second_backward_of_a_retained_graph_adds_the_same_gradients(case, causal):
+    """backward(retain_graph=True) then backward again (a core may recompute its forward for the second): the
+    gradients double, with one tensor as q, k and v, and the caller's graph before the core is left intact."""
+    name, options = case
+    if causal and not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    q, _, _ = qkv(core, 2, 12)
+    x = q.clone().requires_grad_(True)
+    y = 2 * x  # a node of the caller's graph, which the core's backward must not free or traverse
+    out = core(y, y, y, causal=causal)
+    loss = (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum()
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * first, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

@@ -236,6 +236,45 @@ def test_softmax_product_matches_autograd(monkeypatch, block_elements):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("same_keys", [False, True], ids=["y", "y=x"])
+def test_softmax_product_second_order_with_inputs_computed_from_each_other(same_keys):
+    """Nystrom's second product takes u = A~^+ (B~ V), computed from its own queries x; a self-attention caller may
+    pass one tensor as x and y. The gradient graph that create_graph=True builds must hold each input's own
+    partial derivative only (the caller's graph adds the paths between inputs), so first- and second-order
+    gradients equal those of the same expression by plain autograd."""
+    x, y, w, r = (randn(2, H, 6, D, seed=seed) for seed in range(4))
+    mix = randn(2, H, 6, 6, seed=4)
+    allowed = pad_mask(torch.tensor([6, 4]), 6)[:, None, None, :]
+
+    def f(product, x: Tensor) -> Tensor:
+        return (product(x, x if same_keys else y, mix @ x, allowed) * w).sum()
+
+    def gradient_and_hvp(product) -> tuple[Tensor, Tensor]:
+        leaf = x.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(f(product, leaf), leaf, create_graph=True)
+        (hr,) = torch.autograd.grad((grad * r).sum(), leaf)
+        return grad.detach(), hr
+
+    got, want = gradient_and_hvp(SoftmaxProduct.apply), gradient_and_hvp(nystrom.softmax_product)
+    for g, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("n", "m", "d"), [(10, 4, 8), (64, 16, 16)])
+def test_hessian_is_symmetric_at_the_sizes_of_the_report(n, m, d):
+    """hvp and vhp of f(q) = sum(core(q, k, v) * w) agree: a scalar function's Hessian is symmetric."""
+    torch.manual_seed(0)
+    core = az.create_attention("nystrom", dim_head=d, heads=H, num_landmarks=m).double()
+    q, k, v, w, r = (randn(1, H, n, d, seed=seed) for seed in range(5))
+
+    def f(q: Tensor) -> Tensor:
+        return (core(q, k, v) * w).sum()
+
+    _, hr = torch.autograd.functional.hvp(f, q, r)
+    _, rh = torch.autograd.functional.vhp(f, q, r)
+    assert (hr - rh).norm() <= 1e-8 * hr.norm()
+
+
 def test_convolution_skip_is_a_depthwise_conv_on_masked_values_and_is_trained():
     q, k, v = qkv(2, 24)
     mask = pad_mask(torch.tensor([24, 17]), 24)
