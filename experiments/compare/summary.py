@@ -217,6 +217,23 @@ def write_outputs(
     columns = metric_columns(rows)
     run_columns = [*RUN_COLUMNS, *(c for c in columns if c not in RUN_COLUMNS)]
     write_csv(directory / "runs.csv", rows, run_columns)
+    summary = write_summary(directory, rows, header, metric=metric, reference=reference, margin=margin)
+    plot(summary, metric, directory, directory.name)
+    return summary
+
+
+def write_summary(
+    directory: Path,
+    rows: list[dict[str, Any]],
+    header: list[str],
+    *,
+    metric: str | None = None,
+    reference: str = "full",
+    margin: float | None = None,
+) -> list[dict[str, Any]]:
+    """``summary.csv`` and ``summary.md`` (opening with ``header``) from the runs' rows; returns the summary."""
+    metric = metric or primary_metric(rows)
+    columns = metric_columns(rows)
     summary = summarize_mechanisms(rows, metric, reference=reference, margin=margin)
     flat = summary_table_rows(summary, metric, columns)
     write_csv(directory / "summary.csv", flat, list(flat[0]) if flat else ["mechanism"])
@@ -241,7 +258,6 @@ def write_outputs(
         lines += ["", "Runs that did not finish:", *problems]
     lines += ["", "Per run: `runs.csv`; per mechanism with std, intervals and the paired test: `summary.csv`."]
     (directory / "summary.md").write_text("\n".join(lines) + "\n")
-    plot(summary, metric, directory, directory.name)
     return summary
 
 
