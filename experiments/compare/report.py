@@ -8,7 +8,7 @@ Writes into the compare experiment's folder:
 - ``pareto.png``: the primary metric (mean ± 95% interval over seeds) against the speedup over full
   attention in the same training runs (mean tokens/s of the mechanism / mean tokens/s of ``full``), marker
   area proportional to the memory training added; the Pareto front (no other mechanism is both faster
-  and better) is drawn.
+  and better; a mechanism whose verdict is ``worse`` is never on it) is drawn.
 - ``report.md``: the same numbers as a table, then "which mechanism at which length": for every length
   the bench measured, the mechanisms that are faster than full attention there (bench speedup, the
   median time of full / the mechanism's, at the bench's mode and dtype) with what they gave up on the
@@ -269,16 +269,19 @@ def write_report(
 
 
 def pareto_front(points: list[dict[str, Any]], lower_better: bool) -> list[dict[str, Any]]:
-    """Points no other point beats on both speedup and metric (ties on one axis, better on the other)."""
+    """Points no other point beats on both speedup and metric (ties on one axis, better on the other), among those
+    the verdict does not call ``worse``: speed bought with accuracy the rule says is lost is no trade-off to offer
+    (the no-attention control would otherwise sit on the front for being fast)."""
     value = (lambda p: -p["metric"].mean) if lower_better else (lambda p: p["metric"].mean)
+    candidates = [p for p in points if p["summary"]["verdict"] != "worse"]
     front = []
-    for p in points:
+    for p in candidates:
         dominated = any(
             q is not p
             and q["speedup"] >= p["speedup"]
             and value(q) >= value(p)
             and (q["speedup"] > p["speedup"] or value(q) > value(p))
-            for q in points
+            for q in candidates
         )
         if not dominated:
             front.append(p)

@@ -259,3 +259,16 @@ def test_every_summary_gives_the_smallest_on_par_margin_and_the_gap_to_the_contr
     without.mkdir()
     write_outputs(without, [r for r in runs if r["mechanism"] != "self_only"], ["# t"])
     assert "Δ / Δ control" not in (without / "summary.md").read_text()
+
+
+def test_a_mechanism_judged_worse_is_never_on_the_pareto_front():
+    from experiments.compare.report import pareto_front
+    from experiments.stats import Interval
+
+    def point(name: str, speedup: float, accuracy: float, verdict: str) -> dict:
+        return {"summary": {"mechanism": name, "verdict": verdict}, "speedup": speedup,
+                "metric": Interval(3, accuracy, 0.0, accuracy, accuracy)}  # fmt: skip
+
+    points = [point("full", 1.0, 0.99, "reference"), point("self_only", 1.2, 0.02, "worse"),
+              point("moba", 0.8, 0.99, "on par"), point("fast", 1.5, 0.97, "inconclusive")]  # fmt: skip
+    assert [p["summary"]["mechanism"] for p in pareto_front(points, lower_better=False)] == ["full", "fast"]
