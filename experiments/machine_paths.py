@@ -28,12 +28,14 @@ _END = r"(?![\w.+@/-])"
 
 def site_folders() -> set[str]:
     """The interpreter's package folders (site-packages, user site, and any other folder on ``sys.path`` outside
-    the checkout and the standard library, such as a ``pip install --target`` folder), as given and resolved."""
+    the checkout, the working directory and the standard library, such as a ``pip install --target`` folder), as
+    given and resolved. (``python -m`` puts the working directory on ``sys.path``: it is no package folder.)"""
     paths = sysconfig.get_paths()
     stdlib = os.path.realpath(paths["stdlib"])
+    here = os.path.realpath(os.getcwd())
     on_path = {
         folder for folder in map(os.path.realpath, filter(None, sys.path))
-        if os.path.isdir(folder) and not folder.startswith((str(CHECKOUT), stdlib)) and folder != os.sep
+        if os.path.isdir(folder) and not folder.startswith((str(CHECKOUT), stdlib)) and folder not in (os.sep, here)
     }  # fmt: skip
     folders = {*site.getsitepackages(), site.getusersitepackages(), paths["purelib"], paths["platlib"], *on_path}
     return folders | {os.path.realpath(folder) for folder in folders}
