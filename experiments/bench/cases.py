@@ -1,9 +1,9 @@
 """What ``zoo bench`` measures: the sweep configuration (one dataclass, read from YAML and the command
 line alike) and its expansion into :class:`Case` objects, each one workload on one device.
 
-An attention entry is ``name`` or ``name:opt=value,opt=value`` (values parsed as YAML scalars), or in
-YAML a mapping ``{attention, options, min_seq_len, max_seq_len}``; the length bounds drop cases that
-make no sense for a config (Linformer Table 3 shows "-" where k >= n).
+An attention entry is ``name`` or ``name:opt=value,opt=value`` (:mod:`experiments.attention_list`, as every
+command reads it), or in YAML a mapping ``{attention, options, min_seq_len, max_seq_len}``; the length bounds drop
+cases that make no sense for a config (Linformer Table 3 shows "-" where k >= n).
 
 Levels: ``core`` (the mechanism alone), ``mha`` (with its projections), ``layer`` (an encoder layer),
 ``encoder`` (``depth`` layers with embeddings), ``seq2seq`` (an encoder-decoder,
@@ -37,6 +37,7 @@ import torch
 import yaml
 
 import attention_zoo as az
+from experiments import attention_list
 
 Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
 Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute", "decode-step"]
@@ -72,24 +73,9 @@ def attention_label(attention: str, options: dict[str, Any]) -> str:
 
 
 def parse_attentions(text: str) -> list[AttentionSpec]:
-    """``"full,linformer:k=128,lsh:n_hashes=4,bucket_size=64"``: a piece with ``=`` and no ``:`` is
-    one more option of the mechanism before it (mechanism names never contain ``=``)."""
-    specs: list[tuple[str, dict[str, Any]]] = []
-    for piece in filter(None, (p.strip() for p in text.split(","))):
-        if "=" in piece and ":" not in piece:
-            if not specs:
-                raise ValueError(f"option {piece!r} comes before any attention name in {text!r}")
-            assignments = [piece]
-        else:
-            name, _, rest = piece.partition(":")
-            specs.append((name, {}))
-            assignments = [a for a in rest.split(":") if a]
-        for assignment in assignments:
-            key, eq, value = assignment.partition("=")
-            if not eq or not key:
-                raise ValueError(f"expected opt=value after {specs[-1][0]!r}, got {assignment!r} in {text!r}")
-            specs[-1][1][key] = yaml.safe_load(value)
-    return [AttentionSpec(name, options) for name, options in specs]
+    """``"full,linformer:k=128,lsh:n_hashes=4,bucket_size=64"``, read by the parser of every command
+    (:func:`experiments.attention_list.parse_attentions`); an entry without options runs its mechanism's defaults."""
+    return [AttentionSpec(name, options or {}) for name, options in attention_list.parse_attentions(text)]
 
 
 def attention_spec(entry: str | dict[str, Any]) -> list[AttentionSpec]:

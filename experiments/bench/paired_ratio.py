@@ -41,9 +41,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 import attention_zoo as az
+from experiments.attention_list import parse_attentions
 from experiments.bench.allocator import keep_freed_memory
 from experiments.bench.targets import SCALING_NS, SPEEDUP_N, TARGETS, Target
-from experiments.compare.command import parse_attentions
 from experiments.stats import summarize
 
 #: confidence of the paired intervals

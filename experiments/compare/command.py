@@ -10,13 +10,13 @@ sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only wh
 
 ``--attentions`` is a comma-separated list; ``name:opt=value`` starts an entry with options and further
 ``opt=value`` items, after a comma or a colon, add to it (``linformer:k=32,sharing=kv,local:window=16``, or
-``nystrom:num_landmarks=8:pinv=exact``); values are taken as typed (:func:`option_value`). An entry
-without options takes them from the config's ``options`` section, else the mechanism's defaults. Without
-``--attentions``, the config's ``attentions`` list, else every registered mechanism that takes padding
-masks. The same mechanism with the same options listed twice (in any order) is refused. ``--control`` adds
-the no-attention control arm, the registered core ``self_only`` (each position attends only to itself), as if
-it were listed by name, unless the list has it. Arguments after ``--`` go to every ``zoo fit``. Every entry is
-built (model and data module, no training) before anything runs: a bad name or option stops the comparison
+``nystrom:num_landmarks=8:pinv=exact``); values are taken as typed (:mod:`experiments.attention_list`, the one
+parser of every command's list). An entry without options takes them from the config's ``options`` section, else the
+mechanism's defaults. Without ``--attentions``, the config's ``attentions`` list, else every registered mechanism
+that takes padding masks. The same mechanism with the same options listed twice (in any order) is refused.
+``--control`` adds the no-attention control arm, the registered core ``self_only`` (each position attends only to
+itself), as if it were listed by name, unless the list has it. Arguments after ``--`` go to every ``zoo fit``. Every
+entry is built (model and data module, no training) before anything runs: a bad name or option stops the comparison
 with every bad entry listed.
 
 ``--seeds N`` trains each mechanism with seeds ``seed .. seed + N - 1``: the seed sets the model's
@@ -83,6 +83,7 @@ from jsonargparse.typing import Path_fr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
+from experiments.attention_list import parse_attentions
 from experiments.compare import preload
 from experiments.compare.lock import ExperimentLocked, experiment_lock
 from experiments.compare.runs import (
@@ -124,8 +125,6 @@ RESUMABLE_CHANGES = (
 PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
 #: the largest seed Lightning's seed_everything takes (numpy's seeds are unsigned 32-bit)
 MAX_SEED = 2**32 - 1
-#: an option after a colon: ``nystrom:num_landmarks=8:pinv=exact`` (a value such as ``8:10`` stays whole)
-OPTION_SEPARATOR = re.compile(r":(?=\s*[A-Za-z_]\w*\s*=)")
 
 
 def build_parser() -> ArgumentParser:
@@ -201,51 +200,6 @@ def build_parser() -> ArgumentParser:
         help="take over the experiment's lock even when another host holds it (experiments/compare/lock.py)",
     )  # fmt: skip
     return parser
-
-
-def parse_attentions(text: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """``'full,linformer:k=32,sharing=kv'`` -> ``[("full", None), ("linformer", {"k": 32, "sharing": "kv"})]``;
-    ``None`` means "no options given here"."""
-    if not text.replace(",", "").strip():
-        raise ValueError(
-            f"--attentions {text!r} names no mechanism; give at least one (e.g. full,linformer:k=32), or leave the "
-            "flag out for the config's list"
-        )
-    entries: list[tuple[str, dict[str, Any] | None]] = []
-    for item in (part.strip() for part in text.split(",")):
-        if ":" in item:
-            name, rest = item.split(":", 1)
-            entries.append((name.strip(), {}))
-            options = OPTION_SEPARATOR.split(rest)
-        elif "=" in item:
-            if not entries or entries[-1][1] is None:
-                raise ValueError(f"--attentions: option {item!r} follows no 'name:' entry (write name:{item})")
-            options = [item]
-        else:
-            if item:
-                entries.append((item, None))
-            continue
-        for option in options:
-            key, sep, value = option.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"--attentions: {item!r} is not name:option=value")
-            if key.strip() in entries[-1][1]:
-                raise ValueError(f"--attentions: option {key.strip()!r} given twice for {entries[-1][0]!r}")
-            entries[-1][1][key.strip()] = option_value(value)
-    return entries
-
-
-def option_value(text: str) -> Any:
-    """An option value as typed: an int, a float, ``true``/``false``, ``null``, else the string itself. Not YAML:
-    YAML 1.1 reads ``8:10`` as 490 and ``yes``/``no``/``on``/``off`` as booleans, so what ran would not be what
-    was typed."""
-    text = text.strip()
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "null": None}.get(text.lower(), text)  # "none" is a value (sharing=none)
 
 
 def default_attentions() -> list[str]:

@@ -34,6 +34,7 @@ from experiments.bench.measure import measure_case
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner, precheck
 from experiments.bench.store import ResultStore, case_of
+from experiments.compare import command as compare
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:
@@ -58,8 +59,17 @@ def test_attention_specs_parse_options_and_trailing_assignments():
         ("nystrom", {"num_landmarks": 32, "pinv": "exact"}),
     ]
     assert specs[1].label == "linformer:k=128"
-    with pytest.raises(ValueError, match="before any attention"):
+    with pytest.raises(ValueError, match="follows no 'name:' entry"):
         parse_attentions("k=3,full")
+
+
+def test_bench_and_compare_read_one_attention_list_alike():
+    """One text, one meaning: compare and bench once read 1e3, yes and a colon-separated option differently."""
+    text = "x:v=1e3,sparse:a=yes,nystrom:num_landmarks=32:pinv=exact,local:window=8:10"
+    bench = [(s.attention, s.options) for s in parse_attentions(text)]
+    assert bench == [(name, options) for name, options in compare.parse_attentions(text)]
+    assert bench == [("x", {"v": 1000.0}), ("sparse", {"a": "yes"}),
+                     ("nystrom", {"num_landmarks": 32, "pinv": "exact"}), ("local", {"window": "8:10"})]  # fmt: skip
 
 
 def test_yaml_then_command_line(tmp_path):
