@@ -137,6 +137,7 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
             out, leaves = fused
             wanted = [t for t, n in zip(leaves, needed, strict=True) if n]
             grads = iter(torch.autograd.grad(out, wanted, grad))
+            gradients = [next(grads) if n else None for n in needed]
         else:
             if ctx.dropout_p > 0:
                 raise DoubleBackwardError(
@@ -144,8 +145,8 @@ class _TwiceDifferentiableSDPA(torch.autograd.Function):
                     "is inside torch's fused kernel; use dropout 0, or backend='math' for full attention"
                 )
             reference = partial(_sdpa_reference, attn_mask=ctx.attn_mask, is_causal=ctx.is_causal)
-            grads = iter(recomputed_gradients(reference, ctx.saved_tensors, needed, grad))
-        return (*(next(grads) if n else None for n in needed), None, None, None)
+            gradients = recomputed_gradients(reference, ctx.saved_tensors, needed, grad)
+        return (*gradients, None, None, None)
 
 
 def _sdpa_reference(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:

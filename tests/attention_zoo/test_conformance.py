@@ -383,6 +383,24 @@ def test_double_backward_is_exact_or_refused_with_one_clear_error(case, causal):
     assert all(g is not None for g in torch.autograd.grad(attention(*inputs).square().sum(), inputs))
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_graph_of_the_gradient_for_some_inputs_only_equals_the_plain_gradient(case, causal):
+    """create_graph=True when only q and v require grad (k fixed: a frozen key projection): each input gets its own
+    gradient, equal to the plain backward's, not another input's or None."""
+    name, options = case
+    if not supports(name, "supports_double_backward") or (causal and not supports(name, "supports_causal")):
+        pytest.skip("no double backward, or not causal")
+    core = build(name, options)
+    q, k, v = qkv(core, 2, 6)
+    q.requires_grad_(True)
+    v.requires_grad_(True)
+    mask = pad_mask(torch.tensor([6, 4]), 6) if supports(name, "supports_mask") else None
+    plain = torch.autograd.grad(core(q, k, v, mask=mask, causal=causal).square().sum(), (q, v))
+    graph = torch.autograd.grad(core(q, k, v, mask=mask, causal=causal).square().sum(), (q, v), create_graph=True)
+    for g, expected in zip(graph, plain, strict=True):
+        torch.testing.assert_close(g, expected, rtol=1e-9, atol=1e-12)
+
+
 HESSIAN_N = 12  # several landmarks, blocks and chunks of the example configs; not a multiple of all of them
 HESSIAN_EPS = 1e-6  # central differences: truncation ~eps^2 and round-off ~1e-16 / eps
 # relative to the norm, not per entry: an ill-conditioned core (Nystrom's exact pseudo-inverse) has Hessian entries
