@@ -27,8 +27,9 @@ from rich.table import Table
 
 from experiments.bench import paired_ratio
 from experiments.bench.allocator import keep_freed_memory
-from experiments.bench.store import HalfWrittenLine, end_with_whole_line, read_json_lines
+from experiments.bench.store import HalfWrittenLine
 from experiments.bench.targets import SPEEDUP_N, Target
+from experiments.records import checked_json_lines, lacking
 
 PAIRED_FILE = "paired.jsonl"
 Kind = Literal["speed", "scaling"]
@@ -61,21 +62,15 @@ def _latest(rows: list[dict]) -> dict[tuple, dict]:
 def _lines(path: Path, *, repair: bool = False) -> list[dict]:
     """The rows of ``path`` (none when it does not exist), each checked (a ``ValueError`` naming the file and line).
     A half-written last line (a run killed while writing a group) is skipped with a ``UserWarning``, as the bench's
-    store does; with ``repair`` it is also cut off (:func:`end_with_whole_line`), so that the next group is appended
-    after whole lines."""
+    store does; with ``repair`` it is also cut off (:func:`experiments.records.checked_json_lines`), so that the
+    next group is appended after whole lines."""
     if not path.exists():
         return []
-    rows, fragment = read_json_lines(path)
-    for number, row in rows:
-        missing = [name for name in PAIRED_FIELDS if name not in row]
-        if missing:
-            raise ValueError(f"{path} line {number}: not a paired target row: no {', '.join(missing)}")
+    rows, fragment = checked_json_lines(path, lacking(PAIRED_FIELDS, "not a paired target row"), repair=repair)
     if fragment:
         message = f"{path}: skipping a half-written last line ({len(fragment)} bytes)"
         warnings.warn(message, HalfWrittenLine, stacklevel=3)
-    if repair:
-        end_with_whole_line(path, fragment)
-    return [row for _, row in rows]
+    return rows
 
 
 def read_rows(path: Path, *, repair: bool = False) -> list[dict]:

@@ -26,6 +26,7 @@ import torch
 
 import attention_zoo
 from experiments.bench.cases import Case
+from experiments.records import checked_json_lines, lacking
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
 
@@ -48,16 +49,12 @@ class ResultStore:
     def _load(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
-        rows, fragment = read_json_lines(self.path)
-        for number, row in rows:  # checked before the file is touched
-            missing = [name for name in (*CASE_FIELDS, "status") if name not in row]
-            if missing:
-                raise ValueError(f"{self.path} line {number}: not a zoo bench result: no {', '.join(missing)}")
+        result = lacking((*CASE_FIELDS, "status"), "not a zoo bench result")
+        rows, fragment = checked_json_lines(self.path, result, repair=True)  # checked before the file is touched
         if fragment:
             message = f"{self.path}: dropping a half-written last line ({len(fragment)} bytes)"
             warnings.warn(message, HalfWrittenLine, stacklevel=3)
-        end_with_whole_line(self.path, fragment)
-        return [row for _, row in rows]
+        return rows
 
     def append(self, row: dict[str, Any]) -> None:
         line = (json.dumps(row, sort_keys=True) + "\n").encode()
@@ -102,49 +99,6 @@ class ResultStore:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
         return path
-
-
-def read_json_lines(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], bytes]:
-    """(line number, row) of each line of a JSON-lines record, and the fragment after its last line end that
-    does not parse (``b""`` when there is none): the half-written line of a writer killed mid-line, for the
-    caller to report and skip. A last line without its line end that parses is a row. Any other line that is
-    not a JSON object is a ``ValueError`` naming the file, the line and what is wrong."""
-    data = path.read_bytes()
-    cut = data.rfind(b"\n") + 1
-    lines, tail = data[:cut].splitlines(), data[cut:]
-    fragment = b""
-    if tail.strip():
-        try:
-            json.loads(tail)
-            lines.append(tail)
-        except ValueError:  # JSONDecodeError, or UnicodeDecodeError of a line cut inside a character
-            fragment = tail
-    rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as error:
-            reason = f"{error.msg}, column {error.colno}" if isinstance(error, json.JSONDecodeError) else "not UTF-8"
-            raise ValueError(f"{path} line {number}: not JSON ({reason}): a corrupt line") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path} line {number}: expected a JSON object {{...}}, got {type(row).__name__}")
-        rows.append((number, row))
-    return rows, fragment
-
-
-def end_with_whole_line(path: Path, fragment: bytes) -> None:
-    """Cut the half-written ``fragment`` that :func:`read_json_lines` found off the end of ``path``, and end a last
-    line that lacks its line end, so that what is appended next starts a line of its own."""
-    size = path.stat().st_size - len(fragment)
-    with open(path, "r+b") as handle:
-        handle.truncate(size)
-        if size:
-            handle.seek(size - 1)
-            if handle.read(1) != b"\n":
-                handle.write(b"\n")
-        os.fsync(handle.fileno())
 
 
 def _flat(row: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.bench.store import end_with_whole_line, read_json_lines
 from experiments.gpu.measure import RAW_SDPA
+from experiments.records import checked_json_lines
 
 ENV_FIELDS = ("name", "capability", "sm_count", "l2_mb", "memory_gib", "driver", "cuda", "torch", "triton",
               "xformers", "python", "gemm_dtype", "gemm_size", "peak_tflops", "copy_gbs")  # fmt: skip
@@ -155,24 +155,22 @@ def plot_grids(rows: list[dict[str, Any]], folder: Path) -> list[Path]:
 def read_rows(path: Path, *, repair: bool = False, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """The rows of a suite's ``results.jsonl``, each checked for the fields the report reads (a ``ValueError`` naming
     the file and line). A half-written last line (a run killed mid-line) is reported through ``note`` and skipped;
-    with ``repair`` it is cut off (:func:`experiments.bench.store.end_with_whole_line`), so that a rerun appends whole
+    with ``repair`` it is cut off (:func:`experiments.records.checked_json_lines`), so that a rerun appends whole
     lines."""
-    numbered, fragment = read_json_lines(path)
-    for number, row in numbered:
-        kind = row.get("kind")
-        if kind not in ROW_FIELDS:
-            raise ValueError(
-                f"{path} line {number}: kind {kind!r}; a row of zoo gpu-suite is one of {', '.join(ROW_FIELDS)}"
-            )
-        needed = ROW_FIELDS[kind] + (("time_ms",) if kind == "measure" and row.get("status") == "ok" else ())
-        missing = [name for name in needed if name not in row]
-        if missing:
-            raise ValueError(f"{path} line {number}: a {kind} row without {', '.join(missing)}")
+    rows, fragment = checked_json_lines(path, _row_problem, repair=repair)
     if fragment:
         note(f"{path}: {'cutting off' if repair else 'skipping'} a half-written last line ({len(fragment)} bytes)")
-    if repair:
-        end_with_whole_line(path, fragment)
-    return [row for _, row in numbered]
+    return rows
+
+
+def _row_problem(row: dict[str, Any]) -> str | None:
+    """What makes ``row`` no row of the suite's ``results.jsonl`` (:data:`ROW_FIELDS`), or None."""
+    kind = row.get("kind")
+    if kind not in ROW_FIELDS:
+        return f"kind {kind!r}; a row of zoo gpu-suite is one of {', '.join(ROW_FIELDS)}"
+    needed = ROW_FIELDS[kind] + (("time_ms",) if kind == "measure" and row.get("status") == "ok" else ())
+    missing = [name for name in needed if name not in row]
+    return f"a {kind} row without {', '.join(missing)}" if missing else None
 
 
 def rebuild(out: Path, note: Callable[[str], None] = print) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
-from experiments.bench.store import read_json_lines
+from experiments.records import read_json_lines
 from experiments.stats import DEFAULT_MARGINS, RULE, margin_text, metric_bounds, paired_difference
 from experiments.studies.common import read_json, write_csv
 from experiments.studies.translation_report import model_name
