@@ -6,7 +6,8 @@
 >>> translator = az.Seq2SeqTransformer(8000, 128, 128, attention="linformer")  # decoder: linformer_causal
 """
 
-from attention_zoo import mechanisms  # noqa: F401  (registers every built-in mechanism)
+# importing each mechanism's module registers it
+from attention_zoo import full, kernel, linformer, lsh, moba, nystrom, self_only, sparse  # noqa: F401
 from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError, Geometry
 from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
@@ -19,10 +20,12 @@ from attention_zoo.registry import (
     register_attention,
 )
 from attention_zoo.seq2seq import Seq2SeqTransformer
+from attention_zoo.spec import AttentionSpec
 from attention_zoo.transformer import TransformerDecoder, TransformerEncoder
 
 __all__ = [
     "AttentionCore",
+    "AttentionSpec",
     "BuildContext",
     "DoubleBackwardError",
     "Geometry",

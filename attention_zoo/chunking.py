@@ -1,8 +1,8 @@
 """Chunk sizes by device, for the cores that loop over blocks of their work in Python.
 
-Nystrom's softmax products (:mod:`attention_zoo.nystrom`), Reformer's LSH kernel
-(:mod:`attention_zoo.lsh_kernel`), MoBA's gate (:mod:`attention_zoo.moba`) and the tiled block-sparse kernel
-(:mod:`attention_zoo.block_sparse`, which MoBA and the sparse family's ``impl="blocked"`` share) cut their
+Nystrom's softmax products (:mod:`attention_zoo.nystrom.attention`), Reformer's LSH kernel
+(:mod:`attention_zoo.lsh.chunked`), MoBA's gate (:mod:`attention_zoo.moba.attention`) and the tiled block-sparse kernel
+(:mod:`attention_zoo.sparse.tiled`, which MoBA and the sparse family's ``impl="blocked"`` share) cut their
 work into chunks of a fixed number of elements. Those numbers were chosen for a CPU: a chunk's temporaries
 (about 1-2 MB) stay in its L2 cache and the allocator reuses them instead of faulting fresh pages. On a GPU
 the same chunks turn the loop into thousands of tiny kernel launches, and the time goes to launching, not

@@ -44,8 +44,6 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from attention_zoo.catalog import names_with
-
 Approximation = Literal["none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing"]
 APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 
@@ -472,8 +470,12 @@ def zero_padded(t: Tensor, mask: Tensor) -> Tensor:
 
 
 def _double_backward_cores() -> list[str]:
-    return names_with(supports_double_backward=True)
+    from attention_zoo import registry  # the registry is built on this contract: imported when an error names cores
+
+    return registry.names_with(supports_double_backward=True)
 
 
 def _causal_cores() -> list[str]:
-    return names_with(supports_causal=True)
+    from attention_zoo import registry
+
+    return registry.names_with(supports_causal=True)

@@ -23,7 +23,7 @@ with Nq > Nk). Causal attention with Nq != Nk is aligned to the end (query i see
 j <= i + Nk - Nq), as in decoding with a key/value cache.
 
 Decoding cache (:meth:`FullAttention.decode`): the keys and values of every position so far, L per
-sequence and head after L positions (:class:`attention_zoo.decoding_cache.KeyValueState`, buffers grown
+sequence and head after L positions (:class:`attention_zoo.decoding.cache.KeyValueState`, buffers grown
 by doubling, so at most 2 L + T slots are allocated). A step of T new queries runs the configured backend
 on the T x L' block (L' = L + T), aligned to the end, so every backend decodes exactly as it attends.
 """
@@ -39,7 +39,7 @@ from einops import einsum, rearrange
 from torch import Tensor
 
 from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry, refuse_double_backward
-from attention_zoo.decoding_cache import KeyValueState, builds_graph
+from attention_zoo.decoding.cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, TypeVar, Union
 
-from attention_zoo.catalog import REGISTERED, names_with
 from attention_zoo.core import APPROXIMATIONS, AttentionCore, BuildContext, Geometry
 
 __all__ = [
     "COMMON_PARAMETERS",
     "OptionSpec",
     "attention_options",
+    "check_options",
     "create_attention",
     "get_attention_class",
     "list_attentions",
@@ -30,7 +30,16 @@ __all__ = [
 #: the keywords of :func:`create_attention` that make a core's :class:`~attention_zoo.core.Geometry`, not options
 COMMON_PARAMETERS = tuple(f.name for f in fields(Geometry))
 
-_REGISTRY: dict[str, type[AttentionCore]] = REGISTERED  # type: ignore[assignment]
+#: registered name -> core class, filled by :func:`register_attention`
+_REGISTRY: dict[str, type[AttentionCore]] = {}
+
+
+def names_with(**capabilities: Any) -> list[str]:
+    """Registered names, sorted, of the classes whose attributes have the given values
+    (``names_with(supports_causal=True)``)."""
+    return sorted(
+        name for name, cls in _REGISTRY.items() if all(getattr(cls, a) == v for a, v in capabilities.items())
+    )
 
 CoreT = TypeVar("CoreT", bound=type[AttentionCore])
 
@@ -142,6 +151,13 @@ def create_attention(
     **options: Any,
 ) -> AttentionCore:
     """Build the core registered as ``name``; unknown or ill-typed options raise ``ValueError``."""
+    check_options(name, options)
+    return get_attention_class(name)(Geometry(dim_head, heads, max_seq_len, context), **options)
+
+
+def check_options(name: str, options: Mapping[str, Any]) -> None:
+    """``ValueError`` naming the problem unless ``name`` is registered and ``options`` are its options, each of
+    its type, with every required one given."""
     cls = get_attention_class(name)
     specs = {spec.name: spec for spec in attention_options(cls)}
     unknown = sorted(set(options) - set(specs))
@@ -156,7 +172,6 @@ def create_attention(
     missing = [s.name for s in specs.values() if s.required and s.name not in options]
     if missing:
         raise ValueError(f"attention {name!r} needs option(s) {', '.join(missing)}; {describe_options(cls)}")
-    return cls(Geometry(dim_head, heads, max_seq_len, context), **options)
 
 
 def describe_options(cls: type[AttentionCore]) -> str:

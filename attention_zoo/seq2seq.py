@@ -20,7 +20,7 @@ The three slots, each a registry name plus options:
   ``max_source_len`` and slices them for shorter sources).
 
 Decoding: :meth:`Seq2SeqTransformer.start_decoding` encodes a batch of sources once and returns a session
-for :mod:`attention_zoo.decoding`'s greedy and beam search, either cached (each layer's self-attention
+for :mod:`attention_zoo.decoding.search`'s greedy and beam search, either cached (each layer's self-attention
 state from the core's ``decode``, the cross-attention memory projected once per source) or recomputing
 the decoder over the whole prefix at every step (``use_cache=False``, the reference).
 """
@@ -173,7 +173,7 @@ class Seq2SeqTransformer(nn.Module):
     def start_decoding(
         self, source: Tensor, source_mask: Tensor | None, *, hypotheses_per_source: int = 1, use_cache: bool = True
     ) -> CachedDecoding | RecomputedDecoding:
-        """Encode ``source`` once; the session :mod:`attention_zoo.decoding` drives for ``hypotheses_per_source``
+        """Encode ``source`` once; the session :mod:`attention_zoo.decoding.search` drives for ``hypotheses_per_source``
         hypotheses per source (rows grouped by source). ``use_cache=False`` recomputes the decoder over the
         whole prefix at every step (cross-attention memory included), the reference for the cached path."""
         memory = self.encode(source, source_mask)

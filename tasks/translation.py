@@ -47,7 +47,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.text import Perplexity
 
-from attention_zoo.decoding import beam_search, greedy_search
+from attention_zoo.decoding.search import beam_search, greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import Positional
 from tasks.base import ConfigError, Schedule, ZooTask

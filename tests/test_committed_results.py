@@ -10,7 +10,7 @@ from pathlib import Path
 from tools.relative_paths import relative
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "experiments" / "results"
+RESULTS = REPO / "results"
 # an absolute path starts its token (not inside a relative path or a URL) and names a machine's own folders
 MACHINE_PATH = re.compile(
     r"(?<![\w.~/-])(?:/work/|/tmp/|/home/|/root/|/opt/|/Users/|/usr/lib/python|/usr/local/lib/python)"

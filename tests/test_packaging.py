@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import attention_zoo as az
-from attention_zoo import nystrom
+from attention_zoo.nystrom import attention as nystrom
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """Rewrite the absolute paths of the machine a result was made on into paths that mean something in any checkout.
 
-    python -m tools.relative_paths experiments/results            # rewrites in place, prints each file it changed
+    python -m tools.relative_paths results            # rewrites in place, prints each file it changed
 
 - a checkout's root (this checkout's, or any absolute folder followed by one of this repository's top-level
   folders, such as ``/somewhere/checkout/tasks/data/base.py``) is dropped: ``tasks/data/base.py``; this checkout's

@@ -5,7 +5,7 @@ torch's CPU tensors come from malloc. By default glibc maps a block above its mm
 the mmap threshold), so a call whose tensors are tens of MiB may find its memory returned since the last call and
 fault every page in again: about 0.4 ms per MiB on this project's machines, and how many MiB differs from call to
 call with the heap's layout (0-96 MiB a call for linear attention at n = 8192,
-``experiments/results/cpu_targets/page_faults/``). :func:`keep_freed_memory` sets both thresholds (``mallopt``):
+``results/cpu_targets/page_faults/``). :func:`keep_freed_memory` sets both thresholds (``mallopt``):
 no block below 1 GiB (32 MiB where glibc caps the setting) is mapped apart, and the heap is never trimmed. A freed
 block is then reused resident; in a torch process, whose small allocations land between its tensors', a block
 sometimes still extends the heap instead, so most warm calls fault nothing and a few still fault some MiB in (the

@@ -1,8 +1,8 @@
-"""What bounds the band kernel (:mod:`attention_zoo.band_attention`): its tile sizes, its products timed alone, and
+"""What bounds the band kernel (:mod:`attention_zoo.sparse.band`): its tile sizes, its products timed alone, and
 where a forward + backward spends its time.
 
     python -m experiments.bench.band_profile --lengths 2048 4096 --windows 192 384 768 \
-        --out experiments/results/cpu_peers/band_profile.jsonl
+        --out results/cpu_peers/band_profile.jsonl
 
 For each (n, window) case, at B = 1, H = 8, D = 64, float32, one torch thread, non-causal:
 
@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attention_zoo.band_attention import Band, _Rows, band_attention
-from attention_zoo.patterns import LocalPattern
+from attention_zoo.sparse.band import Band, _Rows, band_attention
+from attention_zoo.sparse.patterns import LocalPattern
 from experiments.bench.measure import measure_peak_tflops
 from experiments.bench.paired_ratio import interleaved_seconds
 from experiments.bench.store import write_json_lines

@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attention_zoo as az
-from attention_zoo.linformer import default_k
+from attention_zoo.linformer.attention import default_k
 from experiments.bench.cases import Case
 
 #: options, n, d, causal -> forward FLOPs of one head at one layer, or None where not covered
@@ -123,7 +123,7 @@ def _longformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
 
 @formula("lsh")
 def _lsh(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
-    """Bucket and chunk sizes as ``attention_zoo.lsh`` derives them from its options."""
+    """Bucket and chunk sizes as ``attention_zoo.lsh.attention`` derives them from its options."""
     bucket_size = options["bucket_size"] or (64 if options["n_buckets"] is None else None)
     chunk = options["chunk_size"] or bucket_size
     if options["n_buckets"] is not None:

@@ -14,7 +14,7 @@ measurement only, and put it on the path with ``--peer_path``::
 
     pip download --no-deps local-attention hyper-connections -d .peer/wheels
     pip install --no-deps --target .peer/site .peer/wheels/*.whl
-    python -m experiments.bench.local_peer --peer_path .peer/site --out experiments/results/cpu_peers/band_kernel.jsonl
+    python -m experiments.bench.local_peer --peer_path .peer/site --out results/cpu_peers/band_kernel.jsonl
 
 Each line of the output is one (n, w) case as JSON; the last line holds the matmul peak and the versions.
 """

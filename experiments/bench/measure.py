@@ -50,7 +50,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 import attention_zoo as az
-from attention_zoo.decoding import greedy_search
+from attention_zoo.decoding.search import greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
 from attention_zoo.transformer import EncoderLayer
 from experiments.bench.cases import DECODE_MODES, Case

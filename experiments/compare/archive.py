@@ -1,8 +1,8 @@
 """Keep the finished runs of a ``zoo compare`` experiment beside its results, without their checkpoints.
 
-    python -m experiments.compare.archive runs/linformer_paper/mlm2-n512 experiments/results/linformer_paper/runs
+    python -m experiments.compare.archive runs/linformer_paper/mlm2-n512 results/linformer_paper/runs
     python -m experiments.compare.archive --restore \
-        experiments/results/linformer_paper/runs/mlm2-n512 runs/linformer_paper
+        results/linformer_paper/runs/mlm2-n512 runs/linformer_paper
 
 A study that runs across sittings needs its finished runs to outlive the machine's ``runs/`` folder (git-ignored).
 Each finished run (``run.json`` says ``finished``; with ``--tested``, also evaluated by ``zoo test``) is copied to

@@ -1,8 +1,8 @@
 """``zoo report``: one answer to "which attention at my length?", joining a ``zoo compare`` experiment
 (accuracy, tokens/s and memory, from training, over seeds) with a ``zoo bench`` result (time per length).
 
-    zoo report --compare runs/mlm-1024 --bench experiments/results/cpu
-    zoo compare --bench experiments/results/cpu        # compare, then this report in the same folder
+    zoo report --compare runs/mlm-1024 --bench results/cpu
+    zoo compare --bench results/cpu        # compare, then this report in the same folder
 
 Writes into the compare experiment's folder:
 - ``pareto.png``: the primary metric (mean ± 95% interval over seeds) against the speedup over full

@@ -1,6 +1,6 @@
 """Rewrite the summaries of finished ``zoo compare`` experiments from their ``runs.csv``, without training.
 
-    python -m experiments.compare.resummarize experiments/results/compare-default experiments/results/compare-variants
+    python -m experiments.compare.resummarize results/compare-default results/compare-variants
 
 For results committed before the verdict rule (:mod:`experiments.stats`) or the summary's columns changed: each
 folder's ``summary.csv`` and ``summary.md`` are written again from its ``runs.csv`` (read checked, as ``zoo report``

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Download, on a machine with network access, the wheels that a GPU machine without network access lacks, into
-# the git-ignored folder .whl/, to be copied there with the checkout. The GPU machines of experiments/results/gpu-h100/
+# the git-ignored folder .whl/, to be copied there with the checkout. The GPU machines of results/gpu-h100/
 # and gpu-h200/ had Python 3.12, torch 2.11 + CUDA 13, lightning, einops, tensorboard, torchmetrics, rich, sacrebleu,
 # tokenizers, matplotlib, scipy, transformers, pytest and hypothesis (env.json there records torch's, triton's and
 # lightning's versions); they lacked jsonargparse (LightningCLI, zoo compare) with its signature extras. `datasets`
 # is not fetched: nothing in the GPU suite reads Hugging Face datasets.
 # No xformers: on PyPI, 0.0.35 is the newest (it declares torch >= 2.10), but its C++/CUDA extensions were
 # built for torch 2.10.0+cu128 and Python 3.10; on the H200's torch 2.11.0+cu130 / Python 3.12 they do not
-# load, and memory_efficient_attention finds no operator (experiments/results/gpu-h200/cuda_marked.log).
+# load, and memory_efficient_attention finds no operator (results/gpu-h200/cuda_marked.log).
 # 0.0.34 pins torch 2.10.0.
 #
 #   bash experiments/gpu/wheels.sh

@@ -19,8 +19,8 @@ layer and head; Linformer's learned E, F (``--learned``) are measured on their o
 SVD floor there too), and on the Gaussian inputs of their n. ``--runs DIR`` finds both kinds among the
 finished ``zoo compare`` runs of a folder (``<experiment>/<label>/seed-<s>``).
 
-    zoo study approx --runs runs/linformer_paper --out experiments/results/approximation
-    zoo study approx --replot experiments/results/approximation
+    zoo study approx --runs runs/linformer_paper --out results/approximation
+    zoo study approx --replot results/approximation
 
 Resumable: ``errors.csv`` gets one row per (input, sample, layer, head, method, budget) as each unit of work
 (one Gaussian draw, or one layer of one sequence) finishes; a rerun skips what it holds. Nothing larger than

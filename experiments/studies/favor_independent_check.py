@@ -6,7 +6,7 @@ here with i.i.d. (not orthogonal) w, in float64, written from the paper only. Le
 (1/m) exp(|x + y|^2) SM(x, y)^2 (1 - exp(-|x + y|^2)), so with N(0, 1) entries at d = 64
 (|x + y|^2 about 2 d / sqrt(d) = 16) its relative error stays large until m is far beyond 10^4.
 
-    python -m experiments.studies.favor_independent_check       # output: experiments/results/approximation/
+    python -m experiments.studies.favor_independent_check       # output: results/approximation/
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of 
 ``experiments/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
 collects them, whatever is finished so far, and says which runs and seeds exist.
 
-    zoo study mlm --runs_dir runs/linformer_paper --out experiments/results/linformer_paper/mlm
-    zoo study mlm --replot experiments/results/linformer_paper/mlm     # table and figure from the committed CSVs
+    zoo study mlm --runs_dir runs/linformer_paper --out results/linformer_paper/mlm
+    zoo study mlm --replot results/linformer_paper/mlm     # table and figure from the committed CSVs
 
 What is judged: an experiment whose config says ``test: true`` is scored by each run's final test perplexity
 (``zoo test`` of its last checkpoint), on one text for every n (the data's ``eval_tokens``); an experiment
@@ -42,7 +42,7 @@ from jsonargparse import ArgumentParser, Namespace
 from rich.console import Console
 
 from attention_zoo import attention_options, get_attention_class
-from attention_zoo.linformer import DEFAULT_K
+from attention_zoo.linformer.attention import DEFAULT_K
 from experiments.compare.command import plan
 from experiments.compare.runs import read_record
 from experiments.compare.summary import CONTROL

@@ -13,7 +13,7 @@ gradient clip 1.0). Prints validation perplexity (over the masked tokens of the 
 both at every ``--every`` updates, and the unigram perplexity of the labels as the no-context baseline.
 
     OMP_NUM_THREADS=1 python -m experiments.studies.mlm_independent_check --steps 600
-    (output: experiments/results/linformer_paper/mlm_independent_check.txt)
+    (output: results/linformer_paper/mlm_independent_check.txt)
 """
 
 from __future__ import annotations

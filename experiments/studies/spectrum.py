@@ -14,8 +14,8 @@ P comes from the run's own ``full`` cores (:meth:`attention_zoo.full.FullAttenti
 ``common``), in float64, one head at a time, over real tokens only (sequences with padding are skipped).
 
     zoo study spectrum --checkpoint runs/linformer_paper/mlm-n512/full/seed-0/checkpoints/last.ckpt \
-        --out experiments/results/linformer_paper/spectrum-n512
-    zoo study spectrum --replot experiments/results/linformer_paper/spectrum-n512 [--k 64]
+        --out results/linformer_paper/spectrum-n512
+    zoo study spectrum --replot results/linformer_paper/spectrum-n512 [--k 64]
 
 Writes ``spectrum.csv`` (model, layer, head, index: mean and std of c_i over sequences), ``spectrum.json``
 (what was run), ``fig1_left.png``, and for the heatmap's k ``spectrum_at_k<k>.csv`` and ``fig1_right_k<k>.png``

@@ -3,7 +3,7 @@
 its results table (Model | PPL (dev) | BLEU (dev)) extended with test BLEU and chrF, the training time of its
 section 6.2 and the inference speed of section 6.3, plus the "copy the source" baseline row.
 
-    python -m experiments.studies.translation_report runs/translation-en-de --out experiments/results/translation
+    python -m experiments.studies.translation_report runs/translation-en-de --out results/translation
     python -m experiments.studies.translation_report runs/tr-full runs/tr-k32 --out ...   # one experiment per core
 
 Reads ``zoo compare --test`` experiments over ``configs/translation.yaml`` (each run's ``run.json`` and

@@ -2,7 +2,7 @@
 the verdict rule of :mod:`experiments.stats` over seeds.
 
     python -m experiments.studies.translation_verdicts --reference runs/tr-doc-full \\
-        --arms runs/tr-doc-linformer-k32 runs/tr-doc-linformer-k32-encoder --out experiments/results/translation
+        --arms runs/tr-doc-linformer-k32 runs/tr-doc-linformer-k32-encoder --out results/translation
 
 Each argument is a ``zoo compare --test`` experiment (one arm); a seed counts when the arm's and the
 reference's runs of that seed are both tested, that is, both hold ``test_translations.jsonl`` (written by

@@ -12,7 +12,7 @@ from torch import Tensor
 
 import attention_zoo as az
 from attention_zoo.core import APPROXIMATIONS
-from attention_zoo.sparse_patterns import dense_mask
+from attention_zoo.sparse.mask_mods import dense_mask
 from tests.attention_zoo.registry_cases import build, case_id, cases, qkv
 from tests.attention_zoo.test_moba import reference_selection
 

@@ -1,4 +1,4 @@
-"""The band kernel (:mod:`attention_zoo.band_attention`) against softmax attention written from its definition,
+"""The band kernel (:mod:`attention_zoo.sparse.band`) against softmax attention written from its definition,
 query i attends keys i - before .. i + after, in float64: outputs and the three gradients, over lengths that are
 and are not multiples of the tile, bands narrower and wider than a tile, one-sided bands, key padding, and rows
 that see no key."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attention_zoo.band_attention import Band, band_attention
+from attention_zoo.sparse.band import Band, band_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

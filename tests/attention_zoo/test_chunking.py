@@ -15,8 +15,14 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo import band_attention, block_sparse, chunking, lsh_kernel, moba, moba_kernel, nystrom
+from attention_zoo import chunking
+from attention_zoo.lsh import chunked as lsh_kernel
 from attention_zoo.masks import pad_mask
+from attention_zoo.moba import attention as moba
+from attention_zoo.moba import tiled as moba_kernel
+from attention_zoo.nystrom import attention as nystrom
+from attention_zoo.sparse import band as band_attention
+from attention_zoo.sparse import tiled as block_sparse
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo.cosformer import ChunkedCosformer
+from attention_zoo.kernel.cosformer import ChunkedCosformer
 from attention_zoo.masks import pad_mask
 
 F64 = torch.float64

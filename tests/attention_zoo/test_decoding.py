@@ -1,4 +1,4 @@
-"""Incremental decoding of the encoder-decoder (``attention_zoo.seq2seq``, ``attention_zoo.decoding``): the
+"""Incremental decoding of the encoder-decoder (``attention_zoo.seq2seq``, ``attention_zoo.decoding.search``): the
 decoder rule, the cache against recomputation over the registry, beam search against a hand-worked
 example, and the cross-attention memory projected once."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import attention_zoo as az
-from attention_zoo.decoding import beam_search, greedy_search, length_penalty, max_lengths
+from attention_zoo.decoding.search import beam_search, greedy_search, length_penalty, max_lengths
 from attention_zoo.masks import pad_mask
-from attention_zoo.nystrom import NystromAttention
+from attention_zoo.nystrom.attention import NystromAttention
 from attention_zoo.seq2seq import Seq2SeqTransformer, causal_cores, resolve_decoder_attention
 
 PAD, BOS, EOS = 0, 1, 2
@@ -222,7 +222,7 @@ class FixedModel:
 
 
 def test_beam_search_by_hand():
-    """Worked from the definition (module docstring of attention_zoo.decoding), beam size 2:
+    """Worked from the definition (module docstring of attention_zoo.decoding.search), beam size 2:
 
     greedy: a (0.6), then a (0.45), then EOS (1.0): "a a EOS", P = 0.27.
     beam, step 1: candidates a 0.6, b 0.4 -> live {a, b}.

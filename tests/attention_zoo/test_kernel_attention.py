@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 import attention_zoo as az
-from attention_zoo.kernel_attention import CausalProduct
+from attention_zoo.kernel.attention import CausalProduct
 from attention_zoo.masks import pad_mask
 from experiments.bench import targets
 from experiments.bench.cases import Case
@@ -340,7 +340,7 @@ def test_causal_targets_compare_with_causal_full_attention():
 def test_log_domain_key_features_need_a_noncausal_form_of_their_own():
     """The shared non-causal path sums phi(K) as given; log phi(K) there would be a wrong kernel, silently."""
     from attention_zoo.core import Geometry
-    from attention_zoo.kernel_attention import KernelAttention
+    from attention_zoo.kernel.attention import KernelAttention
 
     class LogFeatures(KernelAttention):
         log_key_features = True

@@ -1,4 +1,4 @@
-"""The non-causal kernel product of ``attention_zoo.kernel_bidirectional`` against Katharopoulos et al. 2020's
+"""The non-causal kernel product of ``attention_zoo.kernel.bidirectional`` against Katharopoulos et al. 2020's
 quadratic form, eq. 4 (V'_i = sum_j phi(Q_i)^T phi(K_j) V_j / sum_j phi(Q_i)^T phi(K_j)), in float64: the
 output, its gradients to first and second order, zero and NaN denominators, and gradients that come back
 contiguous (the reason the product has its own backward)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from attention_zoo.kernel_bidirectional import bidirectional
+from attention_zoo.kernel.bidirectional import bidirectional
 
 F64 = torch.float64
 

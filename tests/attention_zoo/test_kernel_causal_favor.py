@@ -1,4 +1,4 @@
-"""Performer's spanned causal product (``attention_zoo.kernel_causal_favor``) against the paper's plain formula in
+"""Performer's spanned causal product (``attention_zoo.kernel.causal_favor``) against the paper's plain formula in
 float64: eq. (4) with the causal mask of eq. (2) and phi of eq. (5), no stabiliser, computed densely; its
 gradients (against autograd of that formula, gradcheck, gradgradcheck, every subset of inputs); what it keeps
 for backward; and the Performer core taking this path."""
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo.kernel_causal_favor import CausalFavor
+from attention_zoo.kernel.causal_favor import CausalFavor
 from attention_zoo.masks import pad_mask
 
 F64 = torch.float64

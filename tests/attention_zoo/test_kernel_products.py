@@ -1,4 +1,4 @@
-"""The chunked products of ``attention_zoo.kernel_products`` against the papers' plain formulas in float64:
+"""The chunked products of ``attention_zoo.kernel.products`` against the papers' plain formulas in float64:
 Performer's non-causal product (Choromanski et al. 2021, eq. 4 with phi of eq. 5, no stabiliser) chunk by
 chunk, its gradients (gradcheck, gradgradcheck) and what it keeps for backward; the anti-causal scan of the
 backward; the normalisation."""
@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo.kernel_products import FavorAttention, causal_scan, normalised
+from attention_zoo.kernel.products import FavorAttention, causal_scan, normalised
 from attention_zoo.masks import pad_mask
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import attention_zoo as az
-import attention_zoo.lsh_kernel as lsh_kernel
+import attention_zoo.lsh.chunked as lsh_kernel
 from attention_zoo.masks import pad_mask
 
 EXACT = dict(rtol=0.0, atol=1e-9)  # float64 "unchanged"

@@ -1,7 +1,7 @@
 """MoBA (``moba``): exact softmax attention over the blocks each query's gate selects.
 
 The reference here is written from the paper's definitions (Lu et al. 2025, arXiv:2502.13189, Sec. 2),
-one query at a time in float64, and shares no code with ``attention_zoo.moba``: s_i = <q, mean of the real
+one query at a time in float64, and shares no code with ``attention_zoo.moba.attention``: s_i = <q, mean of the real
 keys of block i>, candidates = the blocks before the query's own (causal) or every other block, blocks
 without a real key excluded, the top_k candidates by sorting, then an explicit softmax over the keys of
 the own block and the chosen blocks (real keys only; j <= i when causal).

@@ -1,4 +1,4 @@
-"""MoBA's block-level kernel (``attention_zoo.moba_kernel``) against the paper's attention over a given selection.
+"""MoBA's block-level kernel (``attention_zoo.moba.tiled``) against the paper's attention over a given selection.
 
 Lu et al. 2025, arXiv:2502.13189, Sec. 2: MoBA(q, K, V) = Softmax(q K[I]^T / sqrt(d)) V[I] with I the query's own
 block and its gated blocks. The selection is drawn at random here (not by the gate), so these tests pin the
@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from attention_zoo import moba_kernel
-from attention_zoo.moba_kernel import moba_attention
-from attention_zoo.moba_layout import gated_layout
+from attention_zoo.moba import tiled as moba_kernel
+from attention_zoo.moba.layout import gated_layout
+from attention_zoo.moba.tiled import moba_attention
 
 B, H, D = 2, 2, 4
 

@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 import attention_zoo as az
-from attention_zoo import nystrom
 from attention_zoo.masks import pad_mask
-from attention_zoo.nystrom import SoftmaxProduct, iterative_pinv
+from attention_zoo.nystrom import attention as nystrom
+from attention_zoo.nystrom.attention import SoftmaxProduct, iterative_pinv
 
 H, D = 2, 8
 F64 = torch.float64

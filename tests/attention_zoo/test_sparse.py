@@ -14,10 +14,17 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_mask
 
 import attention_zoo as az
-from attention_zoo import sparse
-from attention_zoo.block_sparse import layout_from_mask
 from attention_zoo.masks import pad_mask
-from attention_zoo.patterns import (
+from attention_zoo.sparse import attention as sparse
+from attention_zoo.sparse.mask_mods import (
+    bigbird_random_blocks,
+    causal_mask,
+    dense_mask,
+    generate_sliding_window,
+    generate_strided,
+    generate_strided_columns,
+)
+from attention_zoo.sparse.patterns import (
     BigBirdPattern,
     BlockwisePattern,
     FixedPattern,
@@ -26,14 +33,7 @@ from attention_zoo.patterns import (
     StridedPattern,
     pattern_named,
 )
-from attention_zoo.sparse_patterns import (
-    bigbird_random_blocks,
-    causal_mask,
-    dense_mask,
-    generate_sliding_window,
-    generate_strided,
-    generate_strided_columns,
-)
+from attention_zoo.sparse.tiled import layout_from_mask
 from tests.attention_zoo.allocations import LargestOutput
 
 TIGHT = dict(rtol=0.0, atol=1e-10)  # float64, exact up to summation order

@@ -22,7 +22,7 @@ from torch import Tensor
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from attention_zoo.sparse_patterns import dense_mask
+from attention_zoo.sparse.mask_mods import dense_mask
 from tests.attention_zoo.allocations import LargestOutput
 from tests.attention_zoo.test_sparse import reference_allowed
 

@@ -408,7 +408,7 @@ def test_flops_formulas():
 
 
 def test_window_pair_count_matches_the_dense_pattern():
-    patterns = pytest.importorskip("attention_zoo.sparse_patterns")
+    patterns = pytest.importorskip("attention_zoo.sparse.mask_mods")
     i, j = torch.arange(40)[:, None], torch.arange(40)[None]
     for window, globals_ in ((8, 0), (8, 3), (100, 2)):
         allowed = patterns.generate_longformer(window, globals_)(0, 0, i, j)

@@ -1,0 +1,47 @@
+"""A/B of the band kernel against its version at a git revision, in one process, interleaved rounds.
+
+    python results/cpu_peers/band_kernel_drafts/ab_revision.py 8cf3cd2 > ab_softmax.jsonl
+
+B = 1, H = 8, D = 64, float32, one thread, forward + backward, non-causal, the tile the `local` core picks;
+minimum over the rounds of each. Run from the repository root.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from attention_zoo.sparse import band as band_attention
+from attention_zoo.sparse.patterns import LocalPattern
+from experiments.bench.paired_ratio import interleaved_seconds
+
+revision = sys.argv[1]
+source = subprocess.run(["git", "show", f"{revision}:attention_zoo/sparse/band.py"], capture_output=True,
+                        text=True, check=True).stdout  # fmt: skip
+with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+    file.write(source)
+spec = importlib.util.spec_from_file_location("band_attention_then", file.name)
+then = sys.modules["band_attention_then"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(then)
+torch.set_num_threads(1)
+for n in (2048, 4096):
+    for window in (192, 384, 768):
+        generator = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 8, n, 64, generator=generator).requires_grad_() for _ in range(3))
+        picked = LocalPattern(window=window).band(causal=False)
+
+        def step(module, band, q=q, k=k, v=v):
+            def call():
+                module.band_attention(q, k, v, band, None, 0.125).sum().backward()
+                q.grad = k.grad = v.grad = None
+
+            return call
+
+        bands = (then.Band(picked.before, picked.after, picked.tile), picked)
+        seconds = interleaved_seconds([step(then, bands[0]), step(band_attention, bands[1])], 7)
+        then_ms, now_ms = (min(times) * 1e3 for times in seconds)
+        case = {"n": n, "window": window, "tile": picked.tile, "revision": revision, "then_ms": round(then_ms, 2)}
+        print(json.dumps(case | {"now_ms": round(now_ms, 2), "then_over_now": round(then_ms / now_ms, 3)}), flush=True)
