@@ -2,12 +2,17 @@
 
 >>> import attention_zoo as az
 >>> core = az.create_attention("full", dim_head=64, heads=8)
->>> model = az.TransformerEncoder(vocab_size=256, dim=128, depth=2, heads=4, max_seq_len=512, attention="full")
->>> translator = az.Seq2SeqTransformer(8000, 128, 128, attention="linformer")  # decoder: linformer_causal
+>>> model = az.TransformerEncoder(
+...     az.ModelConfig(vocab_size=256, max_seq_len=512, dim=128, depth=2, heads=4, attention="linformer:k=32")
+... )
+>>> translator = az.Seq2SeqTransformer(az.ModelConfig(vocab_size=8000, max_seq_len=128, attention="linformer"))
+>>> translator.decoder_rule.attention  # the decoder rule: linformer's causal counterpart
+'linformer_causal'
 """
 
 # importing each mechanism's module registers it
 from attention_zoo import full, kernel, linformer, lsh, moba, nystrom, self_only, sparse  # noqa: F401
+from attention_zoo.config import ModelConfig
 from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError, Geometry
 from attention_zoo.decoding import beam_search, greedy_search
 from attention_zoo.masks import allowed_mask, masked_softmax, pad_mask
@@ -29,6 +34,7 @@ __all__ = [
     "BuildContext",
     "DoubleBackwardError",
     "Geometry",
+    "ModelConfig",
     "MultiHeadAttention",
     "Seq2SeqTransformer",
     "TransformerDecoder",

@@ -2,35 +2,30 @@
 
 A core maps ``q: (B, H, Nq, D)``, ``k, v: (B, H, Nk, D)`` to ``(B, H, Nq, D)`` in the dtype of ``q``.
 q, k and v share one floating dtype, one device and one head width D (a different width for v is
-refused, not silently supported by some cores). ``mask`` is ``(B, Nk)`` bool with **True = real token**
-(attend) and False = padding; ``causal=True`` lets query ``i`` see keys ``j <= i + (Nk - Nq)`` (aligned
-to the end, as in decoding with a cache). Padded keys and values are zeroed before the mechanism sees
-them, so whatever padding holds (NaN and inf included) never reaches a real output. An empty input
-(B = 0, Nq = 0 or Nk = 0) gives the empty, or all-zero, output without calling the mechanism: a query
-with no key sees nothing, as a fully padded row does. That output is still a function of q, k, v and the core's
-parameters, with derivative zero: backward through an empty batch (the last shard of a distributed epoch) gives
-zero gradients to every input and parameter, as DistributedDataParallel needs (it waits for a gradient of every
-parameter on every process), to any order.
+refused). ``mask`` is ``(B, Nk)`` bool with **True = real token** (attend) and False = padding;
+``causal=True`` lets query ``i`` see keys ``j <= i + (Nk - Nq)`` (aligned to the end, as in decoding with a
+cache). Padded keys and values are zeroed before the mechanism sees them, so whatever padding holds (NaN and
+inf included) never reaches a real output. An empty input (B = 0, Nq = 0 or Nk = 0) gives the all-zero output
+without calling the mechanism, still a function of q, k, v and the core's parameters with derivative zero, so
+backward through an empty batch gives zero gradients to every input and parameter (as DistributedDataParallel
+needs), to any order.
 
 Step-by-step causal decoding (:meth:`AttentionCore.decode`): feed the next T positions' q, k, v with a
-:class:`DecodingState` from :meth:`AttentionCore.start_decoding`; the outputs equal those of the causal
-forward over the whole sequence at those positions. A core with ``has_decoding_cache`` keeps its own
-state (a key/value cache, a rolling window, a recurrent summary); any other causal core falls back to
-recomputing the causal forward over the prefix at every step (O(prefix) work per step, correct but slow;
-``zoo list`` shows which).
+:class:`DecodingState` from :meth:`AttentionCore.start_decoding`; the outputs equal those of the causal forward
+over the whole sequence at those positions. A core with ``has_decoding_cache`` keeps its own state (a key/value
+cache, a rolling window, a recurrent summary); any other causal core recomputes the causal forward over the
+prefix at every step (correct, O(prefix) work per step; ``zoo list`` shows which).
 
-Writing a core: subclass :class:`AttentionCore`, declare what it can do as class attributes, and implement
-:meth:`AttentionCore.attend`. Its ``__init__`` takes the :class:`Geometry` every core is built for (head width and
-count, ``max_seq_len``, place in a model: the registry makes it from :func:`~attention_zoo.create_attention`'s
-keywords of those names) as its one positional argument, and after it only the core's own options, each typed and
-keyword-only with a documented default (the registry validates names, ``Literal`` choices and types from them,
-and ``zoo list`` shows them)::
+Writing a core: subclass :class:`AttentionCore`, declare its capabilities (:data:`CAPABILITIES`, documented on
+:class:`AttentionCore`) in the class statement, and implement :meth:`AttentionCore.attend`::
 
-    def __init__(self, geometry: Geometry, *, window: int = 256, impl: Literal["auto", "dense"] = "auto") -> None:
-        super().__init__(geometry)  # validates it; sets dim_head, heads, max_seq_len, context and scale
+    class Windowed(AttentionCore, approximation="fixed sparsity", supports_cross_attention=False):
+        def __init__(self, geometry: Geometry, *, window: int = 256, impl: Literal["auto", "dense"] = "auto") -> None:
+            super().__init__(geometry)  # validates it; sets dim_head, heads, max_seq_len, context and scale
 
-A core with no options of its own needs no ``__init__``. :meth:`AttentionCore.forward` validates every call
-first, so a core only ever sees well-formed input.
+``__init__`` takes the :class:`Geometry` (made by the registry from :func:`~attention_zoo.create_attention`'s
+keywords of those names) and then only the core's own options, typed, keyword-only, with defaults: the registry
+validates them and ``zoo list`` shows them. :meth:`AttentionCore.forward` validates every call first.
 """
 
 from __future__ import annotations
@@ -46,6 +41,21 @@ from torch import Tensor, nn
 
 Approximation = Literal["none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing"]
 APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
+
+#: what a core declares in its class statement (``class C(AttentionCore, supports_causal=False)``); each is a class
+#: attribute of :class:`AttentionCore`, which documents it and holds its default
+CAPABILITIES: tuple[str, ...] = (
+    "approximation",
+    "supports_causal",
+    "supports_mask",
+    "supports_cross_attention",
+    "needs_shared_qk",
+    "requires_max_seq_len",
+    "has_decoding_cache",
+    "position_free_queries",
+    "supports_double_backward",
+    "mixes_positions",
+)
 
 
 @dataclass
@@ -152,6 +162,25 @@ class AttentionCore(nn.Module):
     #: whose output is the position's own value vector, so queries and keys get zero gradients
     mixes_positions: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **capabilities: Any) -> None:
+        """Set the capabilities a subclass declares in its class statement; an unknown name (a typo such as
+        ``supports_casual``, which as a plain class attribute would go unnoticed) or a value of the wrong kind
+        raises TypeError."""
+        super().__init_subclass__()
+        for capability, value in capabilities.items():
+            if capability not in CAPABILITIES:
+                raise TypeError(
+                    f"{cls.__qualname__}: unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}"
+                )
+            if capability == "approximation" and value not in APPROXIMATIONS:
+                raise TypeError(
+                    f"{cls.__qualname__}: approximation must be one of {', '.join(map(repr, APPROXIMATIONS))}, "
+                    f"got {value!r}"
+                )
+            if capability != "approximation" and not isinstance(value, bool):
+                raise TypeError(f"{cls.__qualname__}: {capability} must be True or False, got {value!r}")
+            setattr(cls, capability, value)
+
     def __init__(self, geometry: Geometry) -> None:
         super().__init__()
         name = self.name or type(self).__name__
@@ -183,9 +212,11 @@ class AttentionCore(nn.Module):
         """Declare that option ``option`` (``value``; ``default`` when not given, else the default of the
         ``__init__`` parameter of that name) is a size a sequence length n bounds: at most ``per_position * n``
         (e.g. 2 for Longformer's window, w/2 keys on each side), or the default when that is larger (a default
-        is never refused). Checked now against ``max_seq_len``; a core
+        is never refused), and at least ``minimum`` (refused now). Checked now against ``max_seq_len``; a core
         built without one checks each forward call against its key length, with the same message, before
         anything is allocated for the option (not a decoding step: the length it will reach is not known yet)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{option} must be an int >= {minimum}, got {value!r}")
         if default is None:
             default = inspect.signature(type(self).__init__).parameters[option].default
         self._length_bounds[option] = (value, default, per_position, minimum)

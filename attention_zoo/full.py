@@ -1,4 +1,4 @@
-"""Full softmax attention: the reference every other mechanism is measured against.
+"""Full softmax attention: the reference every other mechanism is tested against.
 
 Vaswani et al. 2017, "Attention Is All You Need", arXiv:1706.03762; in the notation of Linformer
 (Wang et al. 2020, arXiv:2006.04768) eq. (2):
@@ -31,14 +31,14 @@ on the T x L' block (L' = L + T), aligned to the end, so every backend decodes e
 from __future__ import annotations
 
 import importlib.util
-from typing import ClassVar, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry, refuse_double_backward
+from attention_zoo.core import AttentionCore, DecodingState, Geometry, refuse_double_backward
 from attention_zoo.decoding.cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
 from attention_zoo.registry import register_attention
@@ -51,11 +51,8 @@ def xformers_available() -> bool:
 
 
 @register_attention("full")
-class FullAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "none"
-    has_decoding_cache: ClassVar[bool] = True
-    #: math: autograd; sdpa: :func:`attention_zoo.masks.sdpa`'s second-order path; xformers refuses it
-    supports_double_backward: ClassVar[bool] = True
+class FullAttention(AttentionCore, approximation="none", has_decoding_cache=True, supports_double_backward=True):
+    # double backward: math by autograd, sdpa by :func:`attention_zoo.masks.sdpa`'s second-order path; xformers refuses
     example_configs = ({"backend": "math"}, {"backend": "sdpa"})
 
     def __init__(self, geometry: Geometry, *, backend: Backend = "auto", dropout: float = 0.0) -> None:

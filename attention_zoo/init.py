@@ -20,8 +20,7 @@ holds, including state the cores of a model share (Linformer's layerwise project
 Why: the residual stream must differ from position to position at initialisation, or every attention pattern
 gives nearly the same output and every mechanism looks "on par". √d-scaled embeddings keep the token identity
 dominant over the blocks' outputs; zero biases add no position-common offset; the 1/√R scaling keeps that true
-at any depth. ``tests/attention_zoo/test_init.py`` measures the position-common share of the stream;
-``results/linformer_paper/README.md`` gives the measurements that chose this convention.
+at any depth.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, DecodingState
+from attention_zoo.core import AttentionCore, DecodingState
 from attention_zoo.masks import MaskMod
 from attention_zoo.registry import register_attention
 
@@ -29,14 +29,11 @@ def self_only_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tenso
 
 
 @register_attention("self_only")
-class SelfOnlyAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "fixed sparsity"
-    supports_cross_attention: ClassVar[bool] = False
-    supports_double_backward: ClassVar[bool] = True
-    has_decoding_cache: ClassVar[bool] = True
-    #: query i's output is value i: it depends on the query's index
-    position_free_queries: ClassVar[bool] = False
-    mixes_positions: ClassVar[bool] = False
+class SelfOnlyAttention(
+    AttentionCore, approximation="fixed sparsity", supports_cross_attention=False, supports_double_backward=True,
+    has_decoding_cache=True, position_free_queries=False, mixes_positions=False,
+):  # fmt: skip
+    # not position-free: query i's output is value i, so it depends on the query's index
     notes: ClassVar[str] = "control arm: no mixing across positions (output = own value vector)"
 
     def mask_mod(self, n: int, causal: bool, device: torch.device | str | None = None) -> MaskMod:

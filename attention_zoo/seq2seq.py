@@ -6,18 +6,19 @@ with causal self-attention and cross-attention to the encoder output, and (secti
 shared by the target embedding and the pre-softmax projection, logits = h E^T; with a shared (joint BPE)
 vocabulary the source embedding is that matrix too. Pre-norm layers (see :mod:`attention_zoo.transformer`).
 
-The three slots, each a registry name plus options:
+The model is built from one :class:`~attention_zoo.config.ModelConfig`; its three attention slots, each an
+:class:`~attention_zoo.spec.AttentionSpec` (a registry name plus options):
 
-- ``attention`` / ``attention_options``: encoder self-attention (any core).
-- ``decoder_attention`` / ``decoder_attention_options``: decoder causal self-attention. When it is not
-  given, the *decoder rule* (:func:`resolve_decoder_attention`) picks it from ``attention``: the mechanism
-  itself if it supports causal attention (with the encoder's options); else the registered core it
-  declares as ``causal_counterpart`` (``linformer`` -> ``linformer_causal``, ``nystrom`` -> ``full``), with
-  that core's defaults; else an error listing the causal cores. A non-causal core named explicitly is an
-  error listing them. ``decoder_attention_options`` apply to whichever core the rule picks.
-- ``cross_attention`` / ``cross_attention_options``: decoder-to-encoder attention, default ``full``; any
-  core with ``supports_cross_attention`` (``linformer`` projects the memory with E, F sized by
-  ``max_source_len`` and slices them for shorter sources).
+- ``attention``: encoder self-attention (any core).
+- ``decoder_attention``: decoder causal self-attention. When it is None, the *decoder rule*
+  (:func:`resolve_decoder_attention`) picks it from ``attention``: the mechanism itself if it supports causal
+  attention (with the encoder's options); else the registered core it declares as ``causal_counterpart``
+  (``linformer`` -> ``linformer_causal``, ``nystrom`` -> ``full``), with that core's defaults; else an error
+  listing the causal cores. A non-causal core named explicitly is an error listing them. The config's
+  ``decoder_attention_options`` apply to whichever core the rule picks.
+- ``cross_attention``: decoder-to-encoder attention, default ``full``; any core with
+  ``supports_cross_attention`` (``linformer`` projects the memory with E, F sized by ``max_seq_len``, the
+  longest source, and slices them for shorter sources).
 
 Decoding: :meth:`Seq2SeqTransformer.start_decoding` encodes a batch of sources once and returns a session
 for :mod:`attention_zoo.decoding.search`'s greedy and beam search, either cached (each layer's self-attention
@@ -27,130 +28,46 @@ the decoder over the whole prefix at every step (``use_cache=False``, the refere
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attention_zoo.core import AttentionCore
+from attention_zoo.config import DecoderRule, ModelConfig, causal_cores, resolve_decoder_attention
 from attention_zoo.precision import compute_dtype
-from attention_zoo.registry import get_attention_class, list_attentions
-from attention_zoo.transformer import DecoderState, Positional, TransformerDecoder, TransformerEncoder
+from attention_zoo.transformer import DecoderState, TransformerDecoder, TransformerEncoder
 
-
-@dataclass(frozen=True)
-class DecoderRule:
-    """The decoder's self-attention as resolved from the model's slots, and why (for logs and run records)."""
-
-    attention: str
-    options: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-
-
-def causal_cores() -> list[str]:
-    return list_attentions(causal=True)
-
-
-def resolve_decoder_attention(
-    attention: str,
-    attention_options: dict[str, Any] | None = None,
-    decoder_attention: str | None = None,
-    decoder_attention_options: dict[str, Any] | None = None,
-) -> DecoderRule:
-    """The decoder self-attention for encoder ``attention`` (see the module docstring); raises ``ValueError``
-    naming the causal cores when there is none."""
-    allowed = "causal cores: " + ", ".join(causal_cores())
-    if decoder_attention is not None:
-        if not get_attention_class(decoder_attention).supports_causal:
-            raise ValueError(f"decoder_attention {decoder_attention!r} is not causal; {allowed}")
-        return DecoderRule(decoder_attention, dict(decoder_attention_options or {}), "set by decoder_attention")
-    cls: type[AttentionCore] = get_attention_class(attention)
-    if cls.supports_causal:
-        if decoder_attention_options is None:
-            options, source = dict(attention_options or {}), "the encoder's options"
-        else:
-            options, source = dict(decoder_attention_options), "decoder_attention_options"
-        return DecoderRule(attention, options, f"{attention} supports causal attention: used with {source}")
-    counterpart = cls.causal_counterpart
-    if counterpart is None:
-        raise ValueError(
-            f"attention {attention!r} is not causal and declares no causal_counterpart, so the decoder needs "
-            f"--model.decoder_attention; {allowed}"
-        )
-    options = dict(decoder_attention_options or {})
-    source = "decoder_attention_options" if decoder_attention_options else "its default options"
-    return DecoderRule(
-        counterpart, options, f"{attention} is not causal: its declared causal_counterpart {counterpart}, with {source}"
-    )
+# the decoder rule is defined beside the config it reads, and is imported from here as well
+__all__ = [
+    "CachedDecoding",
+    "DecoderRule",
+    "RecomputedDecoding",
+    "Seq2SeqTransformer",
+    "causal_cores",
+    "resolve_decoder_attention",
+]
 
 
 class Seq2SeqTransformer(nn.Module):
     """``forward(source (B, S), source_mask (B, S), target_in (B, T), target_mask (B, T)) -> logits (B, T, V)``.
 
-    Args:
-        vocab_size: source vocabulary; also the target's when ``target_vocab_size`` is None (one shared
-            vocabulary, e.g. a joint BPE: encoder input, decoder input and output projection share one matrix).
-        max_source_len: longest source (encoder positions; the cross-attention core's ``max_seq_len``).
-        max_target_len: longest decoder input (BOS y_1 .. y_{T-1}), so at most this many tokens are generated.
-        target_vocab_size: a separate target vocabulary, or None (shared).
-        dim, depth, heads, dim_head, ff_mult, dropout, positional: as in :class:`TransformerEncoder`;
-            ``depth`` layers each in the encoder and the decoder unless ``decoder_depth`` is given.
-        attention, decoder_attention, cross_attention (and their ``*_options``): the three slots (module doc).
+    Built from one :class:`~attention_zoo.config.ModelConfig`: ``vocab_size`` is the source vocabulary, also the
+    target's when ``target_vocab_size`` is None (one shared vocabulary, e.g. a joint BPE: encoder input, decoder
+    input and output projection share one matrix); ``max_seq_len`` the longest source (encoder positions; the
+    cross-attention core's ``max_seq_len``); ``max_target_len`` the longest decoder input (BOS y_1 .. y_{T-1}),
+    so at most this many tokens are generated; ``depth`` layers each in the encoder and the decoder unless
+    ``decoder_depth`` is given; ``attention``, ``decoder_attention``, ``cross_attention``: the three slots
+    (module doc). ``decoder_rule`` records the decoder's self-attention and why.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        max_source_len: int,
-        max_target_len: int,
-        *,
-        target_vocab_size: int | None = None,
-        dim: int = 256,
-        depth: int = 3,
-        decoder_depth: int | None = None,
-        heads: int = 4,
-        dim_head: int | None = None,
-        ff_mult: int = 4,
-        dropout: float = 0.1,
-        positional: Positional = "learned",
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        decoder_attention: str | None = None,
-        decoder_attention_options: dict[str, Any] | None = None,
-        cross_attention: str = "full",
-        cross_attention_options: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.decoder_rule = resolve_decoder_attention(
-            attention, attention_options, decoder_attention, decoder_attention_options
-        )
-        self.shared_vocabulary = target_vocab_size is None
-        self.max_source_len, self.max_target_len = max_source_len, max_target_len
-        common = dict(dim_head=dim_head, ff_mult=ff_mult, dropout=dropout, positional=positional)
-        self.encoder = TransformerEncoder(
-            vocab_size,
-            dim,
-            depth,
-            heads,
-            max_source_len,
-            attention=attention,
-            attention_options=attention_options,
-            **common,
-        )
-        self.decoder = TransformerDecoder(
-            vocab_size if target_vocab_size is None else target_vocab_size,
-            dim,
-            depth if decoder_depth is None else decoder_depth,
-            heads,
-            max_target_len,
-            attention=self.decoder_rule.attention,
-            attention_options=self.decoder_rule.options,
-            cross_attention=cross_attention,
-            cross_attention_options=cross_attention_options,
-            memory_max_seq_len=max_source_len,
-            **common,
-        )
+        self.config = config
+        # the rule first: a config without a usable decoder is refused before any weight is drawn
+        self.decoder_rule: DecoderRule = config.decoder_rule()
+        self.shared_vocabulary = config.target_vocab_size is None
+        self.max_source_len = config.max_seq_len
+        self.max_target_len = config.max_seq_len if config.max_target_len is None else config.max_target_len
+        self.encoder = TransformerEncoder(config)
+        self.decoder = TransformerDecoder(config)
         if self.shared_vocabulary:
             self.decoder.token_embedding = self.encoder.token_embedding
 

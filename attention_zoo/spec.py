@@ -41,8 +41,8 @@ class AttentionSpec:
             raise ValueError(f"attention {self.name!r}: options must be a mapping of names, got {self.options!r}")
         object.__setattr__(self, "options", dict(self.options))
 
-    def __hash__(self) -> int:
-        return hash((self.name, tuple(sorted((k, repr(v)) for k, v in self.options.items()))))
+    def __hash__(self) -> int:  # option values may be unhashable (lists); equal specs have equal names and keys
+        return hash((self.name, tuple(sorted(self.options))))
 
     @classmethod
     def parse(cls, text: str) -> AttentionSpec:

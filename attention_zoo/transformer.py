@@ -1,9 +1,10 @@
 """Pre-norm Transformer encoder and decoder that take any registered attention core by name.
 
 Pre-norm residual blocks (Xiong et al. 2020, arXiv:2002.04745): x + Attn(LN(x)), x + FF(LN(x)), and a
-final LayerNorm, initialised by the convention of :mod:`attention_zoo.init`. Every layer builds its own
-core from the one attention spec; cores that share state across layers (Linformer's layerwise projection) keep
-it in ``shared_attention_state``, owned here.
+final LayerNorm, initialised by the convention of :mod:`attention_zoo.init`. The encoder, the decoder and their
+layers take one :class:`~attention_zoo.config.ModelConfig`. Every layer builds its own core from the config's
+attention spec; cores that share state across layers (Linformer's layerwise projection) keep it in
+``shared_attention_state``, owned here.
 
 Incremental decoding (:meth:`TransformerDecoder.start_decoding`, :meth:`TransformerDecoder.decode`): a
 :class:`DecoderState` holds, per layer, the self-attention core's decoding state and the cross-attention's
@@ -15,18 +16,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
+from attention_zoo.config import ModelConfig, Positional
 from attention_zoo.core import BuildContext, DecodingState
 from attention_zoo.init import init_transformer_
 from attention_zoo.mha import MultiHeadAttention, ProjectedMemory
 from attention_zoo.registry import get_attention_class, list_attentions
 from attention_zoo.short_convolution import ShortConvolution
-
-Positional = Literal["learned", "sinusoidal"]
+from attention_zoo.spec import AttentionSpec
 
 
 class PositionalEmbedding(nn.Module):
@@ -72,27 +72,43 @@ class FeedForward(nn.Sequential):
         return self[3]
 
 
-class _Backbone(nn.Module):
-    """Token + position embedding, then ``depth`` layers, then LayerNorm; shared by encoder and decoder."""
+def attention_block(
+    config: ModelConfig, spec: AttentionSpec, max_seq_len: int, context: BuildContext | None, **role: bool
+) -> MultiHeadAttention:
+    """A layer's multi-head attention: ``spec``'s core at the config's width, heads and dropout; ``role``:
+    ``causal`` or ``cross_attention``."""
+    return MultiHeadAttention(
+        config.dim,
+        config.heads,
+        attention=spec.name,
+        attention_options=dict(spec.options),
+        dim_head=config.dim_head,
+        max_seq_len=max_seq_len,
+        dropout=config.dropout,
+        context=context,
+        **role,
+    )
 
-    def __init__(
-        self, vocab_size: int, dim: int, depth: int, max_seq_len: int, positional: Positional, dropout: float
-    ) -> None:
+
+class _Backbone(nn.Module):
+    """Token + position embedding, then the layers, then LayerNorm; shared by encoder and decoder, which give
+    their own vocabulary and length (a decoder's may differ from the config's source side)."""
+
+    def __init__(self, config: ModelConfig, vocab_size: int, max_seq_len: int) -> None:
         super().__init__()
-        if min(vocab_size, dim, depth, max_seq_len) < 1:
-            raise ValueError(
-                f"vocab_size, dim, depth, max_seq_len must be >= 1; got {vocab_size}, {dim}, {depth}, {max_seq_len}"
-            )
+        self.config = config
         self.max_seq_len = max_seq_len
-        self.token_embedding = nn.Embedding(vocab_size, dim)
-        self.position_embedding = PositionalEmbedding(dim, max_seq_len, positional)
-        self.embedding_dropout = nn.Dropout(dropout)
-        self.norm = nn.LayerNorm(dim)
+        self.token_embedding = nn.Embedding(vocab_size, config.dim)
+        self.position_embedding = PositionalEmbedding(config.dim, max_seq_len, config.positional)
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.norm = nn.LayerNorm(config.dim)
         #: state cores share across layers (e.g. one Linformer projection for the whole model)
         self.shared_attention_state = nn.ModuleDict()
 
-    def context(self, layer_index: int, depth: int) -> BuildContext:
-        return BuildContext(layer_index=layer_index, num_layers=depth, shared=self.shared_attention_state)
+    def context(self, layer_index: int, depth: int, shared: nn.ModuleDict | None = None) -> BuildContext:
+        """Layer ``layer_index`` of ``depth``, sharing ``shared`` (default: ``shared_attention_state``)."""
+        shared = self.shared_attention_state if shared is None else shared
+        return BuildContext(layer_index=layer_index, num_layers=depth, shared=shared)
 
     def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
         """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``; the token
@@ -115,12 +131,15 @@ class _Backbone(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, dim: int, heads: int, ff_mult: int, dropout: float, **attention: Any) -> None:
+    """Self-attention (the config's ``attention``, over up to ``max_seq_len`` positions) and feed-forward;
+    ``causal`` restricts each position to itself and the ones before it."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool = False, context: BuildContext | None = None) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(dim)
-        self.attn = MultiHeadAttention(dim, heads, dropout=dropout, **attention)
-        self.ff_norm = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.attn_norm = nn.LayerNorm(config.dim)
+        self.attn = attention_block(config, config.attention, config.max_seq_len, context, causal=causal)
+        self.ff_norm = nn.LayerNorm(config.dim)
+        self.ff = FeedForward(config.dim, config.ff_mult, config.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), mask=mask)
@@ -128,49 +147,19 @@ class EncoderLayer(nn.Module):
 
 
 class TransformerEncoder(_Backbone):
-    """``forward(tokens (B, N), mask (B, N) bool | None) -> hidden states (B, N, dim)``.
-
-    ``short_convolution``: kernel size of a causal depthwise convolution added to the embeddings before the first
-    layer (:mod:`attention_zoo.short_convolution`); 0 (the default) adds none.
+    """``forward(tokens (B, N), mask (B, N) bool | None) -> hidden states (B, N, dim)``: ``config.depth`` layers
+    of ``config.attention`` over ``config.vocab_size`` tokens and up to ``config.max_seq_len`` positions, after
+    the config's ``short_convolution`` if any. ``causal``: every layer attends causally (a decoder-only model).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        dim: int,
-        depth: int,
-        heads: int,
-        max_seq_len: int,
-        *,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        dim_head: int | None = None,
-        ff_mult: int = 4,
-        dropout: float = 0.0,
-        positional: Positional = "learned",
-        causal: bool = False,
-        short_convolution: int = 0,
-    ) -> None:
-        super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
-        if short_convolution < 0:
-            raise ValueError(f"short_convolution must be >= 0 (a kernel size; 0: none), got {short_convolution}")
-        self.short_convolution = ShortConvolution(dim, short_convolution) if short_convolution else None
+    def __init__(self, config: ModelConfig, *, causal: bool = False) -> None:
+        super().__init__(config, config.vocab_size, config.max_seq_len)
+        kernel = config.short_convolution
+        self.short_convolution = ShortConvolution(config.dim, kernel) if kernel else None
         self.layers = nn.ModuleList(
-            EncoderLayer(
-                dim,
-                heads,
-                ff_mult,
-                dropout,
-                attention=attention,
-                attention_options=attention_options,
-                dim_head=dim_head,
-                max_seq_len=max_seq_len,
-                causal=causal,
-                context=self.context(i, depth),
-            )
-            for i in range(depth)
+            EncoderLayer(config, causal=causal, context=self.context(i, config.depth)) for i in range(config.depth)
         )
-        init_transformer_(self, residual_branches=2 * depth)
+        init_transformer_(self, residual_branches=2 * config.depth)
 
     def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
         # b: batch, n: positions
@@ -183,22 +172,28 @@ class TransformerEncoder(_Backbone):
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention (``self_attention``, over up to ``max_seq_len`` positions), cross-attention (the
+    config's ``cross_attention``, over up to ``config.max_seq_len`` memory positions) and feed-forward; each
+    attention built in its own ``BuildContext``."""
+
     def __init__(
         self,
-        dim: int,
-        heads: int,
-        ff_mult: int,
-        dropout: float,
-        self_attention: dict[str, Any],
-        cross_attention: dict[str, Any],
+        config: ModelConfig,
+        self_attention: AttentionSpec,
+        max_seq_len: int,
+        *,
+        self_context: BuildContext,
+        cross_context: BuildContext,
     ) -> None:
         super().__init__()
-        self.self_norm = nn.LayerNorm(dim)
-        self.self_attn = MultiHeadAttention(dim, heads, dropout=dropout, causal=True, **self_attention)
-        self.cross_norm = nn.LayerNorm(dim)
-        self.cross_attn = MultiHeadAttention(dim, heads, dropout=dropout, cross_attention=True, **cross_attention)
-        self.ff_norm = nn.LayerNorm(dim)
-        self.ff = FeedForward(dim, ff_mult, dropout)
+        self.self_norm = nn.LayerNorm(config.dim)
+        self.self_attn = attention_block(config, self_attention, max_seq_len, self_context, causal=True)
+        self.cross_norm = nn.LayerNorm(config.dim)
+        self.cross_attn = attention_block(
+            config, config.cross_attention, config.max_seq_len, cross_context, cross_attention=True
+        )
+        self.ff_norm = nn.LayerNorm(config.dim)
+        self.ff = FeedForward(config.dim, config.ff_mult, config.dropout)
 
     def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, memory_mask: Tensor | None) -> Tensor:
         x = x + self.self_attn(self.self_norm(x), mask=mask)
@@ -249,63 +244,42 @@ class DecoderState:
 
 
 class TransformerDecoder(_Backbone):
-    """Causal self-attention (``attention``, must support causal) + cross-attention to an encoder's
-    output (``cross_attention``, default full) + feed-forward, per layer. Cross-attention cores are built like
-    the self-attention ones (layer index, number of layers: a per-layer option, a different Performer draw per
-    layer), sharing state across layers in ``shared_cross_attention_state``.
+    """The decoder side of a :class:`~attention_zoo.config.ModelConfig`: causal self-attention (the config's
+    :meth:`~attention_zoo.config.ModelConfig.decoder_rule`, kept as ``decoder_rule``) + cross-attention to an
+    encoder's output (``cross_attention``) + feed-forward, per layer; ``decoder_depth`` (default ``depth``)
+    layers over ``target_vocab_size`` (default ``vocab_size``) tokens and up to ``max_target_len`` (default
+    ``max_seq_len``) positions, attending to up to ``max_seq_len`` memory positions. Cross-attention cores are
+    built like the self-attention ones (layer index, number of layers: a per-layer option, a different Performer
+    draw per layer), sharing state across layers in ``shared_cross_attention_state``.
 
     ``forward(tokens (B, N), memory (B, M, dim), mask (B, N) | None, memory_mask (B, M) | None)``
     returns hidden states (B, N, dim).
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        dim: int,
-        depth: int,
-        heads: int,
-        max_seq_len: int,
-        *,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        cross_attention: str = "full",
-        cross_attention_options: dict[str, Any] | None = None,
-        memory_max_seq_len: int | None = None,
-        dim_head: int | None = None,
-        ff_mult: int = 4,
-        dropout: float = 0.0,
-        positional: Positional = "learned",
-    ) -> None:
-        super().__init__(vocab_size, dim, depth, max_seq_len, positional, dropout)
+    def __init__(self, config: ModelConfig) -> None:
+        vocab_size = config.vocab_size if config.target_vocab_size is None else config.target_vocab_size
+        max_seq_len = config.max_seq_len if config.max_target_len is None else config.max_target_len
+        super().__init__(config, vocab_size, max_seq_len)
+        cross_attention = config.cross_attention.name
         if not get_attention_class(cross_attention).position_free_queries:
             usable = list_attentions(cross=True, position_free_queries=True)
             raise ValueError(
                 f"cross_attention={cross_attention!r} weights a query by its position in the call, which step-by-step "
                 f"decoding (one query at a time, or beams stacked) does not reproduce; use one of {', '.join(usable)}"
             )
+        self.decoder_rule = config.decoder_rule()
+        depth = config.depth if config.decoder_depth is None else config.decoder_depth
+        own = AttentionSpec(self.decoder_rule.attention, self.decoder_rule.options)
         #: what the cross-attention cores share across layers: apart from the self-attention's, so that no key
         #: of one (e.g. a layerwise projection of another length) can meet the other's
         self.shared_cross_attention_state = nn.ModuleDict()
         self.layers = nn.ModuleList(
             DecoderLayer(
-                dim,
-                heads,
-                ff_mult,
-                dropout,
-                self_attention=dict(
-                    attention=attention,
-                    attention_options=attention_options,
-                    dim_head=dim_head,
-                    max_seq_len=max_seq_len,
-                    context=self.context(i, depth),
-                ),
-                cross_attention=dict(
-                    attention=cross_attention,
-                    attention_options=cross_attention_options,
-                    dim_head=dim_head,
-                    max_seq_len=memory_max_seq_len,
-                    context=BuildContext(layer_index=i, num_layers=depth, shared=self.shared_cross_attention_state),
-                ),
+                config,
+                own,
+                max_seq_len,
+                self_context=self.context(i, depth),
+                cross_context=self.context(i, depth, self.shared_cross_attention_state),
             )
             for i in range(depth)
         )

@@ -1,10 +1,12 @@
 """The ``zoo`` command: ``zoo <command> [args]``; each command lives in its own module, imported lazily
-so that ``zoo list`` never pays for Lightning."""
+(:func:`experiments.subcommands.dispatch`) so that ``zoo list`` never pays for Lightning. This table is the top
+of ``experiments``: no command imports it back."""
 
 from __future__ import annotations
 
-import importlib
 import sys
+
+from experiments.subcommands import dispatch
 
 #: command -> (module, function taking argv, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -37,31 +39,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gpu-suite": ("experiments.gpu.suite", "main", "the GPU harness in one command, under a budget (--smoke: on CPU)"),
     "copy-baseline": ("tasks.translation_metrics", "main", "BLEU and chrF of a translation split's sources as output"),
 }
-
-
-def dispatch(
-    argv: list[str],
-    commands: dict[str, tuple[str, str, str]],
-    *,
-    prog: str,
-    noun: str,
-    heading: str,
-    placeholder: str | None = None,
-) -> int:
-    """Run the entry of ``commands`` (name -> (module, function taking argv, one-line help)) that ``argv[0]``
-    names on the rest of ``argv``, importing its module only then. No name, or ``-h`` / ``--help``: the usage
-    line and the names under ``heading`` (exit code 2 and 0); an unknown name: one error line, exit code 2."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: {prog} <{placeholder or noun}> [args]\n\n{heading}:")
-        for name, (_, _, text) in commands.items():
-            print(f"  {name:<10} {text}")
-        return 0 if argv else 2
-    name, rest = argv[0], argv[1:]
-    if name not in commands:
-        print(f"{prog}: unknown {noun} {name!r}; choose from {', '.join(commands)}", file=sys.stderr)
-        return 2
-    module, function, _ = commands[name]
-    return getattr(importlib.import_module(module), function)(rest) or 0
 
 
 def main(argv: list[str] | None = None) -> int:

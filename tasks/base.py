@@ -1,18 +1,20 @@
 """What every task shares (:class:`ZooTask`): AdamW with linear warm-up and cosine decay, throughput and
 peak-memory logging, the run record, the TensorBoard HParams session, and the check that the data module
-gives the task's kind of labels. The encoder tasks (:class:`EncoderTask`) add an
-:class:`attention_zoo.TransformerEncoder` built from an attention name and its options, one
-``_shared_step(batch, stage)``, and ``init_from`` (start the encoder from another run's checkpoint); the
-translation task (:mod:`tasks.translation`) an encoder-decoder.
+gives the task's kind of labels; and the model's flags, declared once here, from which
+:meth:`ZooTask.build_model` makes one :class:`attention_zoo.ModelConfig` for the model. The encoder tasks
+(:class:`EncoderTask`) add an :class:`attention_zoo.TransformerEncoder`, one ``_shared_step(batch, stage)``,
+and ``init_from`` (start the encoder from another run's checkpoint); the translation task
+(:mod:`tasks.translation`) an encoder-decoder.
 
-A task never knows which attention it holds: ``attention`` and ``attention_options`` go straight to
-:func:`attention_zoo.create_attention`, which validates them when the task is built, i.e. before any
+A task never knows which attention it holds: ``attention`` and ``attention_options`` become the config's
+:class:`attention_zoo.AttentionSpec`, checked against the registry when the task is built, i.e. before any
 data is read or any step is taken. Batches follow the data contract (``tasks/data``): a dict with
 ``tokens`` (B, N) long, ``mask`` (B, N) bool (True = real token) and ``labels``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import zipfile
@@ -28,8 +30,8 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-from attention_zoo import TransformerEncoder
-from attention_zoo.transformer import Positional
+from attention_zoo import AttentionSpec, ModelConfig, TransformerEncoder
+from attention_zoo.config import Positional
 from tasks.callbacks import RunRecord, SpeedAndMemory
 
 Stage = Literal["train", "val", "test"]
@@ -44,13 +46,57 @@ class ConfigError(ValueError):
 
 
 class ZooTask(pl.LightningModule):
-    """Base of every task ``zoo fit`` runs. Subclasses save ``lr``, ``weight_decay``, ``warmup_steps`` and
-    ``schedule`` (and ``attention``, ``attention_options``) as hyperparameters."""
+    """Base of every task ``zoo fit`` runs: it declares the model's flags and the optimizer's, once for every
+    task, and saves every ``__init__`` argument (a subclass's too) as a hyperparameter.
+
+    The model's flags are the fields of :class:`attention_zoo.ModelConfig`, flattened (``--model.dim 128``,
+    ``--model.attention linformer --model.attention_options.k 32``), with its defaults; the sizes come from the
+    data, linked by ``zoo fit``.
+
+    Args:
+        attention: registered attention name (``zoo list`` shows them).
+        attention_options: that mechanism's options, e.g. ``{k: 32}`` for Linformer; on the command
+            line ``--model.attention_options.k 32``.
+        dim: model width.
+        depth: number of layers (of the encoder, and of a decoder unless the task has ``decoder_depth``).
+        heads: attention heads per layer.
+        dim_head: width of one head (default ``dim // heads``).
+        ff_mult: feed-forward hidden width as a multiple of ``dim``.
+        dropout: dropout on embeddings, attention output and feed-forward.
+        positional: ``learned`` or ``sinusoidal`` absolute positions.
+        short_convolution: kernel size of a causal depthwise convolution over the encoder's embeddings before its
+            first layer (:mod:`attention_zoo.short_convolution`), the same for every attention; 0 adds none.
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay (not applied to biases, norms or other 1-D parameters).
+        warmup_steps: linear warm-up steps before the schedule.
+        schedule: ``cosine`` decays to 0 at the last step; ``constant`` keeps ``lr`` after warm-up.
+    """
 
     #: the data module's ``target`` this task trains on ("sequence", "token", "translation")
     target: ClassVar[str]
     #: metrics listed in TensorBoard's HParams view next to the hyperparameters
     hparam_metrics: ClassVar[tuple[str, ...]] = ("val/loss", "train/tokens_per_s", "train/peak_mem_mb")
+
+    def __init__(
+        self,
+        *,
+        attention: str = ModelConfig.attention,
+        attention_options: dict[str, Any] | None = None,
+        dim: int = ModelConfig.dim,
+        depth: int = ModelConfig.depth,
+        heads: int = ModelConfig.heads,
+        dim_head: int | None = ModelConfig.dim_head,
+        ff_mult: int = ModelConfig.ff_mult,
+        dropout: float = ModelConfig.dropout,
+        positional: Positional = ModelConfig.positional,
+        short_convolution: int = ModelConfig.short_convolution,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_steps: int = 100,
+        schedule: Schedule = "cosine",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
 
     def real_tokens(self, batch: dict[str, Tensor]) -> int:
         """The real (not padding) tokens of a training batch: the work ``train/tokens_per_s`` counts."""
@@ -60,15 +106,17 @@ class ZooTask(pl.LightningModule):
         """Task-specific entries of the run record (``run.json``), written when fitting starts."""
         return {}
 
-    def build_model(self, model: Callable[..., nn.Module], what: str) -> nn.Module:
-        """``model`` built from the hyperparameters of this task that bear the names of its parameters (the
-        others keep their defaults); a ``ValueError`` (a bad attention name or option) becomes a
-        :class:`ConfigError` naming ``what``."""
-        names = inspect.signature(model).parameters
+    def build_model(self, model: Callable[[ModelConfig], nn.Module], what: str, **fields: Any) -> nn.Module:
+        """``model`` built from one :class:`attention_zoo.ModelConfig`: the model's flags of this task and
+        ``fields`` (the sizes from the data, a subclass's own model flags); a ``ValueError`` (a bad size, attention
+        name or option) becomes a :class:`ConfigError` naming ``what``."""
+        hparams = self.hparams
+        flags = {name: hparams[name] for name in CONFIG_FLAGS}
         try:
-            return model(**{name: self.hparams[name] for name in names if name in self.hparams})
+            spec = AttentionSpec(hparams.attention, hparams.attention_options or {})
+            return model(ModelConfig(attention=spec, **flags, **fields))
         except ValueError as error:
-            raise ConfigError(f"cannot build the {what} with attention={self.hparams.attention!r}: {error}") from None
+            raise ConfigError(f"cannot build the {what} with attention={hparams.attention!r}: {error}") from None
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.parameters() if p.requires_grad and p.ndim >= 2]
@@ -125,6 +173,15 @@ class ZooTask(pl.LightningModule):
             writer.add_summary(summary)
 
 
+#: the model's flags of :class:`ZooTask` that are :class:`attention_zoo.ModelConfig` fields of the same name
+#: (``attention`` and ``attention_options`` make the config's one ``attention`` spec)
+CONFIG_FLAGS: tuple[str, ...] = tuple(
+    name
+    for name in inspect.signature(ZooTask.__init__).parameters
+    if name in {field.name for field in dataclasses.fields(ModelConfig)} and name != "attention"
+)
+
+
 class EncoderTask(ZooTask):
     """Base of the encoder tasks: ``forward(tokens, mask) -> logits`` over a Transformer encoder.
 
@@ -132,24 +189,9 @@ class EncoderTask(ZooTask):
         vocab_size: token vocabulary (linked from ``data.vocab_size`` by ``zoo fit``).
         max_seq_len: longest sequence the model accepts (linked from ``data.max_seq_len``).
         num_classes: output classes: labels per sequence or per token (linked from ``data.num_classes``).
-        attention: registered attention name (``zoo list`` shows them).
-        attention_options: that mechanism's options, e.g. ``{k: 32}`` for Linformer; on the command
-            line ``--model.attention_options.k 32``.
-        dim: model width.
-        depth: number of encoder layers.
-        heads: attention heads per layer.
-        dim_head: width of one head (default ``dim // heads``).
-        ff_mult: feed-forward hidden width as a multiple of ``dim``.
-        dropout: dropout on embeddings, attention output and feed-forward.
-        positional: ``learned`` or ``sinusoidal`` absolute positions.
-        short_convolution: kernel size of a causal depthwise convolution over the embeddings before the first
-            layer (:mod:`attention_zoo.short_convolution`), the same for every attention; 0 adds none.
-        lr: peak learning rate of AdamW.
-        weight_decay: AdamW weight decay (not applied to biases, norms or other 1-D parameters).
-        warmup_steps: linear warm-up steps before the schedule.
-        schedule: ``cosine`` decays to 0 at the last step; ``constant`` keeps ``lr`` after warm-up.
         init_from: a checkpoint (``last.ckpt`` of another run, e.g. MLM pretraining) whose encoder
             weights this model starts from; it must use the same attention and shapes.
+        **shared: the model's and the optimizer's flags of :class:`ZooTask`.
     """
 
     def __init__(
@@ -158,26 +200,11 @@ class EncoderTask(ZooTask):
         max_seq_len: int,
         num_classes: int,
         *,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
-        dim: int = 64,
-        depth: int = 2,
-        heads: int = 4,
-        dim_head: int | None = None,
-        ff_mult: int = 4,
-        dropout: float = 0.0,
-        positional: Positional = "learned",
-        short_convolution: int = 0,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 100,
-        schedule: Schedule = "cosine",
         init_from: str | None = None,
+        **shared: Any,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        # the model's options above reach it as saved hyperparameters of the same names
-        self.encoder = self.build_model(TransformerEncoder, "encoder")
+        super().__init__(**shared)
+        self.encoder = self.build_model(TransformerEncoder, "encoder", vocab_size=vocab_size, max_seq_len=max_seq_len)
         if num_classes < 1:
             raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
         if init_from is not None:

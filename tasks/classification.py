@@ -27,7 +27,8 @@ class SequenceClassification(EncoderTask):
         max_seq_len: longest sequence (linked from the data module).
         num_classes: number of classes (linked from the data module).
         pooling: ``mean`` over real tokens, or ``cls``: the hidden state at position 0.
-        **encoder: the encoder, optimizer and ``init_from`` options of :class:`tasks.base.EncoderTask`.
+        **encoder: ``init_from`` (:class:`tasks.base.EncoderTask`) and the model's and the optimizer's flags
+            (:class:`tasks.base.ZooTask`).
     """
 
     target: ClassVar[str] = "sequence"

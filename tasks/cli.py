@@ -393,7 +393,7 @@ def build(argv: list[str], *, exit_on_error: bool = True) -> tuple[ZooTask, Ligh
 
 
 def run(subcommand: str, argv: list[str]) -> int:
-    argv, verbose = _take_verbose(argv)
+    argv, verbose = take_verbose(argv)
     try:
         with warnings.catch_warnings():
             # argv always comes explicitly (from `zoo` or from tests); Lightning warns when sys.argv has args too
@@ -420,7 +420,7 @@ def _close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+def take_verbose(argv: list[str]) -> tuple[list[str], bool]:
     """``argv`` without a bare ``--verbose`` (one not followed by a value: ``--verbose false`` is Lightning's
     option of validate and test, and stays), and whether the parser's full messages were asked for."""
     kept, verbose = [], os.environ.get(VERBOSE_ENV, "") not in ("", "0")

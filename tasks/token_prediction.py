@@ -31,7 +31,8 @@ class TokenPrediction(EncoderTask):
         vocab_size: token vocabulary (linked from the data module).
         max_seq_len: longest sequence (linked from the data module).
         num_classes: classes per position, the vocabulary for MLM (linked from the data module).
-        **encoder: the encoder, optimizer and ``init_from`` options of :class:`tasks.base.EncoderTask`.
+        **encoder: ``init_from`` (:class:`tasks.base.EncoderTask`) and the model's and the optimizer's flags
+            (:class:`tasks.base.ZooTask`).
     """
 
     target: ClassVar[str] = "token"

@@ -49,8 +49,7 @@ from torchmetrics.text import Perplexity
 
 from attention_zoo.decoding.search import beam_search, greedy_search
 from attention_zoo.seq2seq import Seq2SeqTransformer
-from attention_zoo.transformer import Positional
-from tasks.base import ConfigError, Schedule, ZooTask
+from tasks.base import ConfigError, ZooTask
 from tasks.data.base import IGNORE_INDEX
 from tasks.translation_metrics import copy_baseline, corpus_scores
 
@@ -67,12 +66,11 @@ class TranslationTask(ZooTask):
         vocab_size: the (joint) vocabulary (linked from ``data.vocab_size``).
         max_source_len: longest source, EOS included (linked from the data module).
         max_target_len: longest decoder input, BOS included (linked from the data module).
-        attention, attention_options: encoder self-attention (``zoo list`` shows the names).
         decoder_attention, decoder_attention_options: decoder self-attention; None: the decoder rule
-            (``attention`` if causal, else its ``causal_counterpart``; see :mod:`attention_zoo.seq2seq`).
+            (``attention`` if causal, else its ``causal_counterpart``; see :mod:`attention_zoo.seq2seq`), with
+            ``decoder_attention_options`` if given.
         cross_attention, cross_attention_options: decoder-to-encoder attention (``full`` or ``linformer``).
-        dim, depth, decoder_depth, heads, dim_head, ff_mult, dropout, positional: the model
-            (``depth`` encoder layers and ``decoder_depth``, default ``depth``, decoder layers).
+        decoder_depth: decoder layers; None: ``depth``, as many as the encoder.
         label_smoothing: eps of the smoothed loss.
         bleu_sentences: validation pairs translated (greedily) for ``val/bleu``; 0 turns it off.
         bleu_every_n_steps: least training steps between two ``val/bleu``; None: every validation run.
@@ -80,7 +78,8 @@ class TranslationTask(ZooTask):
         beam_size, length_penalty: beam search of the test split (4 and alpha 0.6: Vaswani et al.).
         extra_len: a translation has at most source length + ``extra_len`` tokens (capped by max_target_len).
         speed_sentences: test sentences timed per decoding mode; 0 skips the measurement.
-        lr, weight_decay, warmup_steps, schedule: AdamW and its schedule (see :class:`tasks.base.ZooTask`).
+        **shared: the model's flags (the encoder's ``attention`` and ``attention_options``, ``dim``, ``depth``,
+            ...) and the optimizer's of :class:`tasks.base.ZooTask`.
     """
 
     target: ClassVar[str] = "translation"
@@ -92,20 +91,11 @@ class TranslationTask(ZooTask):
         max_source_len: int,
         max_target_len: int,
         *,
-        attention: str = "full",
-        attention_options: dict[str, Any] | None = None,
         decoder_attention: str | None = None,
         decoder_attention_options: dict[str, Any] | None = None,
         cross_attention: str = "full",
         cross_attention_options: dict[str, Any] | None = None,
-        dim: int = 256,
-        depth: int = 3,
         decoder_depth: int | None = None,
-        heads: int = 4,
-        dim_head: int | None = None,
-        ff_mult: int = 4,
-        dropout: float = 0.1,
-        positional: Positional = "learned",
         label_smoothing: float = 0.1,
         bleu_sentences: int = 200,
         bleu_every_n_steps: int | None = None,
@@ -114,13 +104,9 @@ class TranslationTask(ZooTask):
         length_penalty: float = 0.6,
         extra_len: int = 50,
         speed_sentences: int = 64,
-        lr: float = 5e-4,
-        weight_decay: float = 0.01,
-        warmup_steps: int = 500,
-        schedule: Schedule = "cosine",
+        **shared: Any,
     ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
+        super().__init__(**shared)
         sizes = {"vocab_size": vocab_size, "max_source_len": max_source_len, "max_target_len": max_target_len}
         missing = [name for name, value in sizes.items() if not isinstance(value, int)]
         if missing:
@@ -132,8 +118,20 @@ class TranslationTask(ZooTask):
             raise ConfigError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         if beam_size < 1 or length_penalty < 0:
             raise ConfigError(f"beam_size must be >= 1 and length_penalty >= 0, got {beam_size}, {length_penalty}")
-        # the model's options above reach it as saved hyperparameters of the same names
-        self.model = self.build_model(Seq2SeqTransformer, "translation model")
+        # specs as {name, options}, which the config checks; a decoder_attention_options without a
+        # decoder_attention is for whichever core the decoder rule picks
+        named = decoder_attention is not None
+        self.model = self.build_model(
+            Seq2SeqTransformer,
+            "translation model",
+            vocab_size=vocab_size,
+            max_seq_len=max_source_len,
+            max_target_len=max_target_len,
+            decoder_depth=decoder_depth,
+            decoder_attention={"name": decoder_attention, "options": decoder_attention_options} if named else None,
+            decoder_attention_options=None if named else decoder_attention_options,
+            cross_attention={"name": cross_attention, "options": cross_attention_options},
+        )
         rule = self.model.decoder_rule
         options = f" {rule.options}" if rule.options else ""
         rank_zero_info(f"decoder self-attention: {rule.attention}{options} ({rule.reason})")

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOP_LEVEL = ("attention_zoo", "configs", "experiments", "runs", "tasks", "tests", "tools")
+TOP_LEVEL = ("attention_zoo", "configs", "docs", "experiments", "results", "runs", "tasks", "tests", "tools")
 # the scratch folder the GPU runs installed their carried wheels into (experiments/gpu/wheels.sh)
 TARGET_FOLDERS = ("/tmp/site/",)
 

@@ -16,7 +16,7 @@ hypothesis with the highest s(Y, X). With ``beam_size=1`` this is greedy search 
 BOS are never generated (their log-probabilities are set to -inf, as fairseq does for PAD).
 
 Maximum length: a source of L real tokens (its EOS included) gets at most L + ``extra_len`` target tokens
-(50 by default, as in the issue; fairseq's ``max_len_b``), capped by the decoder's ``max_target_len``
+(50 by default; fairseq's ``max_len_b``), capped by the decoder's ``max_target_len``
 (its positions: BOS plus n - 1 generated tokens are fed to produce n tokens) and by ``max_len`` if given.
 
 The model is anything with ``max_target_len`` and ``start_decoding(source, source_mask, *,

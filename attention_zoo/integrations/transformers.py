@@ -1,4 +1,4 @@
-"""Every zoo mechanism inside a Hugging Face transformers model: ``use_attention(model, name, **options)``.
+"""Every zoo mechanism inside a Hugging Face transformers model: ``use_attention(model, "linformer:k=32")``.
 
 transformers (5.x) dispatches attention through ``AttentionInterface``: every attention layer calls
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query, key, value, attention_mask, *, scaling,
@@ -17,31 +17,11 @@ eager, so its outputs are the unswapped model's. ``cross_attention=name`` puts a
 support cross-attention with position-free queries (generation attends one new query at a time to the cached
 encoder keys), else it is refused naming the cores that do.
 
-What the core gets:
-
-- Keys and values: transformers' own, after its KV cache. Grouped-query attention (fewer K/V heads) is
-  expanded to the query heads as transformers' sdpa path does (``repeat_kv``: each K/V head serves
-  ``num_key_value_groups`` consecutive query heads).
-- Scale: the layer's ``scaling`` (GPT-2's per-layer 1/(i + 1) option, ...) is folded into the queries, so the
-  core's own 1/sqrt(d) times the folded factor is the layer's scale.
-- Mask and causality: the registered mask function is transformers' ``sdpa_mask`` (a (B, 1, Nq, Nk) boolean
-  mask, or None where sdpa relies on ``is_causal`` or a window cuts nothing). (Without a registered mask
-  function, transformers passes no mask at all to a custom implementation: padding and causality would be dropped
-  silently.) The attention function splits the 4-D mask into the zoo's (B, Nk) key mask and a causal flag,
-  refusing any mask that is not padding, or padding plus causal (a sliding-window, chunked, packed-sequence or
-  overlaid pattern that cuts something); with no mask it takes causality from the call's ``is_causal`` or else
-  the layer's ``is_causal``. A layer that calls attention with a sliding window, softcap, sinks or a position
-  bias (T5) is refused.
-- Which core: in a causal layer, the zoo's decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`):
-  a non-causal mechanism is replaced by its declared ``causal_counterpart`` (``linformer`` -> ``linformer_causal``,
-  ``nystrom`` -> ``full``), with a warning naming the core that runs and the options dropped, or refused with the
-  list of causal cores. A core that needs one shared projection for
-  queries and keys (``lsh``) is refused: these models project Q and K separately.
-- Generation: transformers' cache hands the core the keys and values of the whole prefix and only the new
-  queries. A core that supports cross-attention with position-free queries (``full``, ``linear``, ``performer``)
-  attends them directly, causal aligned to the end. Any other causal core computes a query only together with
-  its prefix, so the new queries go at the end of a zero-filled query block, the causal forward runs over the
-  whole prefix and the last outputs are kept: the same outputs, at the cost of recomputing the prefix each step.
+The core gets transformers' own keys and values (after its KV cache; grouped K/V heads expanded as its sdpa
+path does), the layer's scale folded into the queries, and the padding mask and causal flag split out of the
+4-D mask (any other mask, a sliding window, softcap, sinks or a position bias is refused). A causal layer takes
+the decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`); ``lsh`` is refused (shared QK).
+docs/huggingface.md ("What the core gets") gives the details.
 
 Reloading: :func:`from_pretrained` builds the model with transformers' ``from_pretrained`` (which drops the zoo
 tensors it does not know), applies :func:`use_attention` with the spec that :func:`use_attention` stored in the
@@ -75,6 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.registry import create_attention, get_attention_class, list_attentions
 from attention_zoo.seq2seq import causal_cores, resolve_decoder_attention
+from attention_zoo.spec import AttentionSpec
 
 __all__ = ["IMPLEMENTATION", "attention_layers", "from_pretrained", "split_mask", "use_attention"]
 
@@ -104,21 +85,26 @@ logger = logging.getLogger(__name__)
 
 def use_attention(
     model: PreTrainedModel,
-    name: str,
+    attention: str | AttentionSpec,
     *,
     decoder_options: dict[str, Any] | None = None,
-    cross_attention: str | None = None,
+    cross_attention: str | AttentionSpec | None = None,
     cross_options: dict[str, Any] | None = None,
     max_seq_len: int | None = None,
     **options: Any,
 ) -> PreTrainedModel:
-    """Make every self-attention layer of ``model`` run the zoo core ``name``; returns ``model`` (changed in place).
+    """Make every self-attention layer of ``model`` run the zoo core ``attention``; returns ``model`` (changed in
+    place).
 
-    ``options``: the core's options (``zoo list``). In a causal layer a non-causal ``name`` is replaced by its
+    ``attention``: a spec in the flag syntax every ``zoo`` command takes (``"linformer:k=32,sharing=kv"``, read by
+    :mod:`attention_zoo.spec`), an :class:`~attention_zoo.AttentionSpec`, or a bare name; ``options``: more of the
+    core's options as keywords (``zoo list``); an option given both ways is refused. The spec is checked against
+    the registry before any layer changes. In a causal layer a non-causal mechanism is replaced by its
     ``causal_counterpart``, built with ``decoder_options`` (else its defaults), and a warning names the core that
-    runs and the options dropped; a causal ``name`` keeps ``options`` unless ``decoder_options`` is given.
+    runs and the options dropped; a causal mechanism keeps its options unless ``decoder_options`` is given.
     Cross-attention layers keep the model's own implementation (sdpa, or eager where the model ran eager) unless
-    ``cross_attention`` names a zoo core for them (built with ``cross_options``; one that cannot attend queries of
+    ``cross_attention`` names a zoo core for them (a spec as ``attention``, with ``cross_options`` added; one that
+    cannot attend queries of
     one sequence to keys of another, one query at a time, is refused). ``max_seq_len``: what cores that size
     parameters by length (Linformer's E, F) are built for; default the config's ``max_position_embeddings``.
     The model gets its own copy of its config first, so another model built from the same config object keeps
@@ -126,6 +112,11 @@ def use_attention(
     """
     if not isinstance(model, PreTrainedModel):
         raise ValueError(f"use_attention needs a transformers PreTrainedModel, got {type(model).__name__}")
+    spec = _spec("attention", attention, options)
+    name, options = spec.name, dict(spec.options)
+    if cross_attention is not None:
+        cross = _spec("cross_attention", cross_attention, cross_options or {})
+        cross_attention, cross_options = cross.name, dict(cross.options)
     found = attention_layers(model)
     layers = [(path, module) for path, module in found if not _is_cross_attention(path, module)]
     cross_layers = [(path, module) for path, module in found if _is_cross_attention(path, module)]
@@ -159,11 +150,11 @@ def use_attention(
     reference = next(model.parameters())
     shared.to(device=reference.device, dtype=reference.dtype)
     _declare_aliases(model)
-    spec = {
+    stored = {
         "attention": name, "options": options, "decoder_options": decoder_options,
         "cross_attention": cross_attention, "cross_options": cross_options, "max_seq_len": max_seq_len,
     }  # fmt: skip
-    setattr(model.config, CONFIG_ATTRIBUTE, json.loads(json.dumps(spec)))  # stored as the saved config.json has it
+    setattr(model.config, CONFIG_ATTRIBUTE, json.loads(json.dumps(stored)))  # as the saved config.json has it
     model.set_attn_implementation(IMPLEMENTATION)
     for causal, (core_name, core_options, reason) in rules.items():
         kind = "causal" if causal else "non-causal"
@@ -179,6 +170,18 @@ def use_attention(
         what = f"zoo core {cross_rule[0]}" if cross_rule else "the model's own implementation"
         logger.info("attention_zoo: %d cross-attention layers run %s", len(cross_layers), what)
     return model
+
+
+def _spec(argument: str, value: str | AttentionSpec, options: dict[str, Any]) -> AttentionSpec:
+    """``value`` (a spec, or the flag syntax) with the keyword ``options`` added, checked against the registry."""
+    spec = AttentionSpec.of(value)
+    twice = sorted(set(spec.options) & set(options))
+    if twice:
+        raise ValueError(
+            f"{argument} {spec.label!r}: option(s) {', '.join(twice)} given both in the spec and as keywords; give "
+            "each once"
+        )
+    return AttentionSpec(spec.name, {**spec.options, **options}).checked()
 
 
 def _attach_core(
@@ -219,10 +222,10 @@ def _own_config(model: nn.Module) -> None:
 def from_pretrained(
     model_class: Any,
     path: str | Path,
-    attention: str | None = None,
+    attention: str | AttentionSpec | None = None,
     *,
     decoder_options: dict[str, Any] | None = None,
-    cross_attention: str | None = None,
+    cross_attention: str | AttentionSpec | None = None,
     cross_options: dict[str, Any] | None = None,
     max_seq_len: int | None = None,
     model_kwargs: dict[str, Any] | None = None,
@@ -231,8 +234,9 @@ def from_pretrained(
     """Reload a model saved (``save_pretrained(path)``) after :func:`use_attention`, zoo parameters included.
 
     ``model_class``: a transformers model class or Auto class (``AutoModelForCausalLM``); ``model_kwargs`` go
-    to its ``from_pretrained`` (``dtype``, ...). ``attention`` and its options default to the spec that
-    :func:`use_attention` stored in the saved config. Plain ``from_pretrained`` would drop the zoo tensors.
+    to its ``from_pretrained`` (``dtype``, ...). ``attention`` (as :func:`use_attention` takes it) and its options
+    default to the spec that :func:`use_attention` stored in the saved config. Plain ``from_pretrained`` would drop
+    the zoo tensors.
     """
     path = Path(path)
     model = model_class.from_pretrained(path, **(model_kwargs or {}))

@@ -10,47 +10,31 @@ phi: R^D -> R^m (m features; phi(x)^T phi(y) replaces exp(x^T y / sqrt(D))), que
 S and Z travel together as one m x (D + 1) state, sum_j phi(K_j) [V_j, 1]^T (the Performer paper's
 Algorithm 1 with C = [V 1_L]), so one product gives numerator and denominator.
 
-Causal form, exact, by chunked prefix sums: the positions are cut into chunks of c = ``chunk_size``;
-inside each chunk the c x c block tril(phi(Q_g) phi(K_g)^T) [V_g 1] is computed directly (all chunks in
-one batched product), and the earlier chunks reach chunk g through one m x (D + 1) state carried from
-chunk to chunk (the Performer paper's App. B.3 "non-parallel aggregation"). Neither the (n, m, D) tensor
-of cumulative outer products that public code builds nor one state per chunk ever exists. Backward
-(:class:`CausalProduct`) follows Katharopoulos Sec. 3.3.1: the gradients are themselves causal products,
-grad phi(Q) = causal(G, [V 1], phi(K)), and grad phi(K), grad [V 1] are anti-causal products of
-([V 1], G, phi(Q)) and (phi(K), phi(Q), G), scanned from the last chunk to the first (no sequence is
-flipped); each again carries one state, and the two anti-causal ones share it (sum_i G_i phi(Q_i)^T, one
-state the other's transpose) and their in-chunk blocks (transposes of grad phi(Q)'s and of the forward's).
-The scans live in :mod:`attention_zoo.kernel.products`; the non-causal form, one product with its gradients
-written out, in :mod:`attention_zoo.kernel.bidirectional`.
+Causal form, exact, by chunked prefix sums: the positions are cut into chunks of c = ``chunk_size``; inside a
+chunk the c x c block tril(phi(Q_g) phi(K_g)^T) [V_g 1] is computed directly (all chunks in one batched
+product), and the earlier chunks reach chunk g through one m x (D + 1) state carried from chunk to chunk (the
+Performer paper's App. B.3 "non-parallel aggregation"): neither an (n, m, D) tensor of cumulative outer
+products nor one state per chunk ever exists. The backward (Sec. 3.3.1) is made of causal and anti-causal
+products of the same kind (:class:`~attention_zoo.kernel.products.CausalProduct`); the non-causal form, one
+product with its gradients written out, is :mod:`attention_zoo.kernel.bidirectional`.
 
-Cost per (batch, head): time O(n c (m + D) + n m D); memory O(n (m + D + c) + m D): the features of
-every position are kept for backward, as autograd keeps any activation (App. B.3's O(m d + L d + m L)),
-and the in-chunk blocks, n c in all, live during one product (and are kept for backward when the features are
-not log-domain). Performer keeps no feature map at all, non-causal
-(:class:`~attention_zoo.kernel.products.FavorAttention`) or causal
-(:class:`~attention_zoo.kernel.causal_favor.CausalFavor`, the same scans one span of positions at a time).
+Cost per (batch, head): time O(n c (m + D) + n m D); memory O(n (m + D + c) + m D) (App. B.3's
+O(m d + L d + m L)): the features are kept for backward, the in-chunk blocks live during one product. Performer
+keeps no feature map at all (:class:`~attention_zoo.kernel.products.FavorAttention`,
+:class:`~attention_zoo.kernel.causal_favor.CausalFavor`).
 
 Conventions of this implementation (the papers leave them open):
-- Precision (:mod:`attention_zoo.precision`): features, state and normaliser are float32 for bf16/fp16
-  inputs (float64 for float64), with autocast off inside; the output is cast back. Half-precision sums of
-  n positive terms overflow fp16 at a few thousand tokens, the known failure of public linear-attention code.
-- Padding: padded keys' features are zeroed (phi(0) is not 0 for elu + 1 or exp features), so they join
-  neither S nor Z. Padded queries (self-attention) are zeroed before their feature map, so NaN or inf
-  there never becomes a NaN output or gradient.
+- Precision (:mod:`attention_zoo.precision`): features, state and normaliser are float32 for bf16/fp16 inputs
+  (float64 for float64), autocast off inside, the output cast back: half-precision sums of n positive terms
+  overflow fp16 at a few thousand tokens.
+- Padding: padded keys' features are zeroed (phi(0) is not 0 for elu + 1 or exp features), so they join neither
+  S nor Z; padded queries are zeroed before their feature map, so NaN or inf there never reaches an output.
 - A query whose denominator is 0 (no visible real key, or ReLU features that are all 0) gives zeros.
 - Positions (cosFormer's re-weighting uses them): key j is at j; query i at i + Nk - Nq when causal (the
-  contract's end alignment: it sees keys j <= i + Nk - Nq), at i otherwise; when decoding, at state.length + t.
-- Log-domain key features (``log_key_features``, Performer's exponential features): the feature map hands
-  back log phi(K_j). Each key is normalised by its own largest feature, phi(K_j) = exp(kappa_j) phi~(K_j)
-  with kappa_j = max_l log phi(K_j)_l, and exp(kappa_j) is applied relative to a reference that cancels
-  between numerator and denominator: non-causal, the maximum of kappa over real keys (the authors' global key
-  maximum; the subclass computes that form itself, as Performer's FavorAttention does); causal, query i's own
-  sigma_i = max_{j <= i} kappa_j, the running maximum over the keys it sees. So pair (i, j) is weighted
-  exp(kappa_j - sigma_i) <= 1: no key feature exceeds 1, the largest visible key has weight 1 (a later, larger
-  key cannot push query i's terms into underflow), and nothing about query i depends on later keys, even in
-  rounding. The carried state is kept relative to the running maximum at its end and rescaled by
-  exp(sigma_old - sigma_new) <= 1 when that grows. The weights get no gradient: the output does not depend on
-  them.
+  contract's end alignment), at i otherwise; when decoding, at state.length + t.
+- Log-domain key features (:attr:`KernelAttention.log_key_features`, Performer's exponential features): every
+  key weight is exp(kappa_j - sigma_i) <= 1 against a reference sigma_i that cancels, so nothing overflows and
+  nothing about query i depends on later keys.
 - Decoding (:class:`KernelState`): the state and its reference; each step is one chunk of the same scan,
   O(m D) per sequence whatever the length.
 """
@@ -58,7 +42,6 @@ Conventions of this implementation (the papers leave them open):
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -81,18 +64,24 @@ class KernelState(DecodingState):
         self.reference: Tensor | None = None
 
 
-class KernelAttention(AttentionCore):
+class KernelAttention(AttentionCore, approximation="kernel", has_decoding_cache=True, supports_double_backward=True):
     """Base of the kernelized cores: subclasses define :meth:`features` (see the module docstring)."""
 
-    has_decoding_cache: ClassVar[bool] = True
-    supports_double_backward: ClassVar[bool] = True
-    #: :meth:`features` returns log phi(K) for keys (exponentiated here, relative to a running maximum)
+    #: :meth:`features` returns log phi(K_j) for keys. Each key is normalised by its own largest feature,
+    #: phi(K_j) = exp(kappa_j) phi~(K_j) with kappa_j = max_l log phi(K_j)_l, and exp(kappa_j) is applied relative
+    #: to a reference that cancels between numerator and denominator: non-causal, the maximum of kappa over real
+    #: keys (the authors' global key maximum; Performer computes that form itself, in FavorAttention); causal,
+    #: query i's own sigma_i = max_{j <= i} kappa_j. So pair (i, j) is weighted exp(kappa_j - sigma_i) <= 1: the
+    #: largest visible key has weight 1 (a later, larger key cannot push query i's terms into underflow), and
+    #: nothing about query i depends on later keys, even in rounding. The carried state is kept relative to the
+    #: running maximum at its end and rescaled by exp(sigma_old - sigma_new) <= 1 when that grows. The weights
+    #: get no gradient: the output does not depend on them.
     log_key_features: bool = False
 
     def __init__(self, geometry: Geometry, *, chunk_size: int = 32) -> None:
-        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk; 32, the fastest of
-        16-128 on one CPU thread at n = 2048-8192, ``results/cpu_targets/``); the only option of a
-        subclass without an ``__init__`` of its own."""
+        """``chunk_size`` c: positions per chunk of the causal form (quadratic inside a chunk: a larger chunk
+        runs fewer, larger products, a smaller one fewer wasted scores; 32 balances the two on a CPU); the only
+        option of a subclass without an ``__init__`` of its own."""
         super().__init__(geometry)
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

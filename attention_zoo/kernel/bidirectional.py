@@ -32,7 +32,8 @@ def dense_bidirectional(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
 
 def bidirectional(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
     """V' for features ``fq`` (B, H, Nq, m), ``fk`` (B, H, Nk, m) and values ``v`` (B, H, Nk, D): ``(B, H, Nq,
-    D)``; 0 where the denominator is <= 0 and NaN where it is NaN, as ``kernel_products.normalised``."""
+    D)``; 0 where the denominator is <= 0 and NaN where it is NaN, as
+    :func:`~attention_zoo.kernel.products.normalised`."""
     return BidirectionalProduct.apply(fq, fk, v)
 
 

@@ -7,10 +7,10 @@ eq. (4) with the causal mask of eq. (2) and the prefix-sum algorithm of App. B.1
 
 computed as the chunked scan of :func:`~attention_zoo.kernel.products.causal_scan` (one m x (D + 1) state
 sum_j phi(K_j) C_j^T carried from chunk to chunk, relative to the running key maximum sigma_i of
-``kernel_attention``), cut into spans of a few chunks. Each span's phi(Q) and phi(K) are made from its q, k and
-W, scanned, and dropped: no (n, m) feature map of the whole sequence ever exists. The (n, m) maps of every
-position are four times the size of q at m = 256, d = 64; mapped fresh at every use, their pages fault on first
-touch, a cost that grows faster than n (``results/cpu_targets/``).
+:mod:`attention_zoo.kernel.attention`), cut into spans of a few chunks. Each span's phi(Q) and phi(K) are made
+from its q, k and W, scanned, and dropped: no (n, m) feature map of the whole sequence ever exists. The (n, m)
+maps of every position are m / d times the size of q; mapped fresh at every use, their pages fault on first
+touch, a cost that grows faster than n.
 
 Backward (Katharopoulos et al. 2020, Sec. 3.3.1, as :class:`~attention_zoo.kernel.products.CausalProduct`):
 with G the gradient of the sums [numerator, denominator],
@@ -97,8 +97,9 @@ def unspanned(q, k, v, w, s: float, hidden, relu: bool, chunk: int) -> Tensor:
 class CausalFavor(torch.autograd.Function):
     """Performer's causal output, ``(B, H, L, D)``, for ``q, k`` (B, H, L, d), ``v`` (B, H, L, D) with L a multiple
     of ``span``, itself a multiple of ``chunk``; ``w`` W (m, d), ``s`` = d^-1/4, ``hidden`` (B, 1, L, 1) True at
-    padded keys (or None), ``relu`` the kernel. Query i sees keys j <= i. Stabilisers as ``kernel_attention``'s
-    causal form: the query row maximum, each key's own log-scale and the running maximum. W gets no gradient."""
+    padded keys (or None), ``relu`` the kernel. Query i sees keys j <= i. Stabilisers as the causal form of
+    :mod:`attention_zoo.kernel.attention`: the query row maximum, each key's own log-scale and the running
+    maximum. W gets no gradient."""
 
     @staticmethod
     def forward(ctx, q, k, v, w, s: float, hidden, relu: bool, chunk: int, span: int) -> Tensor:

@@ -10,7 +10,7 @@ Qin et al. 2022, "cosFormer: Rethinking Softmax in Attention", ICLR 2022, arXiv:
 
 so phi(x_i) = [ReLU(x_i) cos(pi i / 2M), ReLU(x_i) sin(pi i / 2M)] (m = 2d features) and the attention is
 linear: O_i = (Q_i^cos sum_j K_j^cos^T V_j + Q_i^sin sum_j K_j^sin^T V_j) / (the same with V_j = 1); causal:
-sums over j <= i (the paper's causal form, by exact chunked prefix sums here, ``kernel_attention``).
+sums over j <= i (the paper's causal form, by exact chunked prefix sums here, :mod:`attention_zoo.kernel.attention`).
 Every pair a query can see has |i - j| < M, so the re-weighting is in (0, 1] and every term is >= 0.
 
 M and positions (the paper leaves M to the implementation; the authors' code takes M = max(Nq, Nk) of
@@ -34,8 +34,8 @@ has a zero denominator and gives zeros; the authors' code clamps the denominator
 Complexity: O(n d^2) time non-causal, O(n c d + n d^2) causal (c = ``chunk_size``); memory O(n (d + c) +
 d^2) per head; decoding keeps a 2d x (d + 1) state per head. Non-causal on the CPU, the (n, 2d) feature maps are made
 one chunk of positions at a time, in the forward and again in the backward (:class:`ChunkedCosformer`): no (n, 2d)
-map exists (32 MiB at n = 8192, B = 1, H = 8, d = 64: allocations that large are mapped fresh and each page faults
-on first touch), and the backward keeps q, k, v, the output and O(d^2) sums.
+map exists (allocations that large are mapped fresh and each page faults on first touch), and the backward keeps
+q, k, v, the output and O(d^2) sums.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, zero_padded
+from attention_zoo.core import zero_padded
 from attention_zoo.kernel.attention import KernelAttention
 from attention_zoo.kernel.bidirectional import dense_bidirectional
 from attention_zoo.kernel.products import (
@@ -65,12 +65,9 @@ from attention_zoo.registry import register_attention
 
 
 @register_attention("cosformer")
-class CosFormerAttention(KernelAttention):
-    approximation: ClassVar[Approximation] = "kernel"
-    requires_max_seq_len: ClassVar[bool] = True
-    #: the re-weighting reads each query's index in the call, which a decoder's step-by-step cross-attention
-    #: cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only
-    position_free_queries: ClassVar[bool] = False
+class CosFormerAttention(KernelAttention, requires_max_seq_len=True, position_free_queries=False):
+    # not position-free: the re-weighting reads each query's index in the call, which a decoder's step-by-step
+    # cross-attention cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only
     example_configs = ({"chunk_size": 8}, {"chunk_size": 6})
     notes: ClassVar[str] = (
         "ReLU kernel times cos(pi/2 (i-j)/M) with M = max_seq_len (not the call's length, so causal outputs and "
@@ -116,12 +113,12 @@ def reweighted_backward(grad: Tensor, x: Tensor, weights: Tensor) -> Tensor:
 
 
 class ChunkedCosformer(torch.autograd.Function):
-    """cosFormer's non-causal output, ``(B, H, Nq, D)``, with the (n, 2d) feature maps made one chunk of positions
-    at a time, in forward and backward: S = sum_j phi(K_j) V_j^T and z = sum_j phi(K_j) (2d x D and 2d) are summed
-    chunk by chunk, then each chunk of queries is read against them (``kernel_bidirectional``'s equations; its
-    backward likewise, with each chunk's maps made again from q or k). ``wq``, ``wk``: (N, 2) [cos, sin] of each
-    position; ``hidden`` (B, 1, Nk, 1) True at padded keys (or None). With create_graph=True the backward
-    differentiates the unchunked product, so second-order gradients are exact."""
+    """cosFormer's non-causal output, ``(B, H, Nq, D)``, with the (n, 2d) feature maps made one chunk of positions at a
+    time, in forward and backward: S = sum_j phi(K_j) V_j^T and z = sum_j phi(K_j) (2d x D and 2d) are summed chunk by
+    chunk, then each chunk of queries is read against them (the equations of :mod:`attention_zoo.kernel.bidirectional`;
+    its backward likewise, with each chunk's maps made again from q or k). ``wq``, ``wk``: (N, 2) [cos, sin] of each
+    position; ``hidden`` (B, 1, Nk, 1) True at padded keys (or None). With create_graph=True the backward differentiates
+    the unchunked product, so second-order gradients are exact."""
 
     @staticmethod
     def forward(ctx, q, k, v, wq, wk, hidden, chunk: int) -> Tensor:

@@ -11,7 +11,7 @@ phi is applied to q and k as they come (no 1/sqrt(d) scaling, as in the paper an
 fast-transformers code); it is positive, so every denominator with a real key is > 0. m = d features.
 The causal form is exact (chunked prefix sums, ``chunk_size`` c) and decoding is the paper's RNN (Sec. 3.4):
 the state (S_i, Z_i) is d x (d + 1) per head, O(d^2) per token whatever the position. Machinery, padding,
-precision and the backward of Sec. 3.3.1: ``kernel_attention``.
+precision and the backward of Sec. 3.3.1: :mod:`attention_zoo.kernel.attention`.
 
 Complexity: O(n d^2) time non-causal, O(n c d + n d^2) causal; memory O(n (d + c) + d^2) per head.
 
@@ -28,14 +28,12 @@ from typing import ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
-from attention_zoo.core import Approximation
 from attention_zoo.kernel.attention import KernelAttention
 from attention_zoo.registry import register_attention
 
 
 @register_attention("linear")
 class LinearAttention(KernelAttention):
-    approximation: ClassVar[Approximation] = "kernel"
     example_configs = ({"chunk_size": 8}, {"chunk_size": 5})
     notes: ClassVar[str] = (
         "kernel elu(x)+1 instead of softmax (not an approximation of it); causal by exact chunked prefix sums; "

@@ -9,64 +9,32 @@ Choromanski et al. 2021, "Rethinking Attention with Performers", ICLR 2021, arXi
     (7)  Lemma 1: exp(x^T y) = E_{w ~ N(0, I_d)}[exp(w^T x - |x|^2 / 2) exp(w^T y - |y|^2 / 2)]
 
 - ``kernel="softmax"`` (FAVOR+): h(x) = exp(-|x|^2 / 2), f = exp, so phi(x) = exp(W x - |x|^2 / 2) / sqrt(m)
-  and E[phi(x)^T phi(y)] = exp(x^T y), an unbiased estimate of each entry of A. Queries and keys are
-  scaled by d^-1/4 each first (x = q d^-1/4, y = k d^-1/4, so x^T y = q^T k / sqrt(d)).
+  and E[phi(x)^T phi(y)] = exp(x^T y), an unbiased estimate of each entry of A, with x = q d^-1/4, y = k d^-1/4.
 - ``kernel="relu"`` (generalized attention, Sec. 2.2, f = ReLU, h = 1): phi(x) = ReLU(W x) / sqrt(m), a
-  different kernel, not an estimate of softmax (the paper's best "Performer-RELU" of Sec. 4.4). The d^-1/4
-  scaling and 1/sqrt(m) cancel in D^-1 A for ReLU; they are kept for uniformity. No kernel_epsilon: a
-  query whose features are all 0 gives zeros instead of the mean of V.
-- W (m x d): orthogonal random features (Sec. 2.4, App. B.2, R-ORFs): ceil(m / d) independent d x d blocks
-  with orthonormal rows (QR of a Gaussian matrix, signs fixed by diag(R) so the block is Haar-distributed),
-  each row then scaled by the norm of an independent N(0, I_d) vector, so every w_i is marginally
-  N(0, I_d) (the estimate stays unbiased) while the rows of a block are exactly orthogonal (lower variance,
-  Theorem 2). This is the authors' code with ``ortho_scaling=0``.
-- ``nb_features`` m, default 256: the paper's default for both kernels (App. A.3, A.4: "number of
-  features = 256"), in line with its Theta(d log d) (Sec. 3, App. B.3; d ln d = 266 at d = 64).
-- Redrawing: new features every ``redraw_interval`` training forward passes (Sec. 4.2 and Fig. 5: redrawn
-  features are needed to match softmax Transformers; the authors' code redraws at every call, the default
-  1 here). Never in eval: evaluation and decoding use the features of the last training pass. The count of
-  training passes is a buffer, so a checkpoint resumes with the same features.
-- Activation checkpointing (``torch.utils.checkpoint``, reentrant or not) runs the forward a second time,
-  inside the backward pass, to recompute what it did not keep. That recompute is not a training pass: a
-  forward that runs while autograd executes a backward (``torch._C._current_graph_task_id() != -1``) leaves
-  the count alone and so uses the features of the forward it recomputes, and the gradients are those of
-  that forward. Without this, every recompute counted as a pass and drew new features (with the default
-  redraw_interval=1 the gradient was that of another random map, and the count advanced twice per step).
-  This holds when each forward's backward runs before the next training forward of the same core, as in
-  any ordinary loop (gradient accumulation included); a schedule that runs several forwards of one core
-  before their backwards (pipeline parallelism) with redrawing would recompute with the latest features.
-- Seeding: W is drawn in float64 on a CPU generator seeded by (``seed``, the layer index, the draw
-  number), then cast: independent of the batch, the device and the dtype, and different in every layer.
-  It is cached per draw, device and dtype, not stored.
+  different kernel, not an estimate of softmax (the paper's "Performer-RELU" of Sec. 4.4). No kernel_epsilon:
+  a query whose features are all 0 gives zeros instead of the mean of V.
+- W (m x d): orthogonal random features (Sec. 2.4, App. B.2, R-ORFs; :func:`orthogonal_gaussian_features`),
+  drawn from (``seed``, the layer index, the draw number) only: independent of batch, device and dtype.
+- ``nb_features`` m, default 256: the paper's default for both kernels (App. A.3, A.4), in line with its
+  Theta(d log d) (Sec. 3, App. B.3).
+- Redrawing: new features every ``redraw_interval`` training forward passes (Sec. 4.2, Fig. 5; the authors'
+  code redraws at every call, the default 1 here); never in eval, and not in activation checkpointing's
+  recompute (:meth:`PerformerAttention.attend`). The count of passes is a buffer, so a checkpoint resumes
+  with the same features.
+- Stabiliser: each query's features are divided by their largest, each key's weighted relative to a reference
+  that cancels in D^-1 A: the global key maximum non-causally, as the authors' code; causally, the running
+  maximum over the keys a query sees, so nothing about query i depends on later keys
+  (:attr:`~attention_zoo.kernel.attention.KernelAttention.log_key_features`; :meth:`PerformerAttention.features`).
 
-Numerical stabiliser. The authors' code subtracts, inside the exponent, the row maximum max_l w_l^T x from
-each query (a constant per query, which cancels in D^-1 A) and one global maximum over all keys and
-features from the keys (a constant per sequence and head). Here:
-- queries: the row maximum of the whole exponent w_l^T x - |x|^2 / 2 (the same cancelling constant, shifted
-  by |x|^2 / 2), so a query's largest feature is exactly 1: the 1 / sqrt(m) of eq. (5), a constant too, is
-  left out (for keys as well, and in ``kernel="relu"``);
-- keys, non-causal: the global maximum over real keys and features, as the reference;
-- keys, causal: a global maximum would depend on keys after the query (and on the total length, against
-  the prefix property). Instead each key is divided by its own largest feature exp(kappa_j), and pair
-  (i, j) gets the weight exp(kappa_j - sigma_i) with sigma_i = max_{j <= i} kappa_j, the running maximum
-  over the keys query i sees (``kernel_attention``). It cancels between numerator and denominator, every
-  weight is <= 1 (no overflow), the largest key a query sees has weight 1 (so a query's terms never
-  underflow because of a key it cannot see), and query i's output does not depend on later keys even in
-  rounding: chunked forward, decoding and any chunk size agree to rounding (float64: 1e-12).
-The references carry no gradient: the output does not depend on them. The reference's additive
-``numerical_stabilizer`` 1e-6 (a small bias) is not used; a zero denominator gives zeros instead.
-So float32 agrees with float64 even where every unstabilised feature underflows (tests/attention_zoo/test_performer.py).
+Complexity: O(L m d) time (causal chunks add O(L c (m + d))); memory O(L d + m d) per head, causal or not: the
+features exist one span of positions at a time and are recomputed in backward
+(:class:`~attention_zoo.kernel.products.FavorAttention`, :class:`~attention_zoo.kernel.causal_favor.CausalFavor`).
+Decoding keeps an m x (d + 1) state per head: O(m d) per token.
 
-Complexity: O(L m d) time (features O(L m d), products O(L m d), causal chunks O(L c (m + d))); memory
-O(L d + m d) per head, causal or not: the features exist one span of positions at a time and are recomputed in
-backward (non-causal: ``kernel_products.FavorAttention``; causal: ``kernel_causal_favor.CausalFavor``, which also
-keeps one m x (d + 1) state per span, O(L d) at a span of about m positions). Decoding keeps an m x (d + 1)
-state per head: O(m d) per token.
-
-Limits: an estimate, not softmax attention. Its variance grows as exp(|x + y|^2) / m (Lemma 2), so the
-error depends on the size of q and k as much as on m: with unit-scale entries of q and k the estimate is
-no better than noise at any m (results/approximation/README.md). An untrained model with
-unit-scale activations is therefore far from softmax; training (and redrawing) is what the paper relies on.
+Limits: an estimate, not softmax attention. Its variance grows as exp(|x + y|^2) / m (Lemma 2), so the error
+depends on the size of q and k as much as on m: with unit-scale entries of q and k the estimate is no better
+than noise at any m, and an untrained model with unit-scale activations is far from softmax; training (and
+redrawing) is what the paper relies on.
 """
 
 from __future__ import annotations
@@ -78,7 +46,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, Geometry, zero_padded
+from attention_zoo.core import Geometry, zero_padded
 from attention_zoo.kernel.attention import KernelAttention
 from attention_zoo.kernel.causal_favor import CausalFavor
 from attention_zoo.kernel.products import FavorAttention, feature_chunk
@@ -92,7 +60,10 @@ SEED_BASE = 1_000_003  # (seed, layer, draw) -> one generator seed
 
 
 def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> Tensor:
-    """W (m x d, float64): blocks of d orthonormal rows, each row scaled by a chi_d length (module docstring)."""
+    """W (m x d, float64), the authors' R-ORFs with ``ortho_scaling=0``: ceil(m / d) independent d x d blocks with
+    orthonormal rows (QR of a Gaussian matrix, signs fixed by diag(R) so the block is Haar-distributed), each row
+    scaled by the norm of an independent N(0, I_d) vector, so every w_i is marginally N(0, I_d) (the estimate stays
+    unbiased) while the rows of a block are exactly orthogonal (lower variance, Theorem 2)."""
     blocks = []
     for _ in range(-(-m // d)):
         q, r = torch.linalg.qr(torch.randn(d, d, generator=generator, dtype=torch.float64))
@@ -103,7 +74,6 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 @register_attention("performer")
 class PerformerAttention(KernelAttention):
-    approximation: ClassVar[Approximation] = "kernel"
     example_configs = (
         {"nb_features": 16, "chunk_size": 8},
         {"nb_features": 12, "chunk_size": 5, "redraw_interval": 2, "seed": 3},
@@ -149,6 +119,7 @@ class PerformerAttention(KernelAttention):
         key = (self.draw(), device, dtype)
         if key not in self._cache:
             self._cache = {k: w for k, w in self._cache.items() if k[0] == key[0]}
+            # drawn in float64 on a CPU generator, then cast: the same W on every device and in every dtype
             seed = (self.seed * SEED_BASE + self.context.layer_index) * SEED_BASE + key[0]
             generator = torch.Generator().manual_seed(seed % 2**64)
             weights = orthogonal_gaussian_features(self.nb_features, self.dim_head, generator)
@@ -156,7 +127,13 @@ class PerformerAttention(KernelAttention):
         return self._cache[key]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
-        # a forward inside a backward pass is activation checkpointing's recompute: not a new pass (docstring)
+        """Counts a training pass, then attends with the current draw's features. Activation checkpointing runs
+        the forward again inside the backward pass to recompute what it did not keep: that is not a training
+        pass, so a forward that runs while autograd executes a backward leaves the count alone and uses the
+        features of the forward it recomputes (else the gradient would be that of another random map). This holds
+        when each forward's backward runs before the next training forward of the same core, as in any ordinary
+        loop (gradient accumulation included); a schedule that runs several forwards of one core before their
+        backwards (pipeline parallelism) with redrawing would recompute with the latest features."""
         if self.training and torch._C._current_graph_task_id() == -1:
             self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
         if causal:
@@ -171,7 +148,7 @@ class PerformerAttention(KernelAttention):
             return FavorAttention.apply(x, y, values, w, self.dim_head**-0.25, hidden, relu, chunk).to(q.dtype)
 
     def causal_attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        # the features exist one span of positions at a time, in forward and backward (kernel_causal_favor);
+        # the features exist one span of positions at a time, in forward and backward (CausalFavor);
         # query i sits at key position i + nk - nq (the ends aligned), the last chunk is completed with hidden keys
         nq, nk = q.shape[-2], k.shape[-2]
         length = max(nq, nk)
@@ -193,6 +170,15 @@ class PerformerAttention(KernelAttention):
             return out[:, :, q_front : q_front + nq].to(q.dtype)
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
+        """phi(x) up to factors that cancel in D^-1 A. The authors' code subtracts, inside the exponent, the row
+        maximum max_l w_l^T x from each query and one global maximum over all keys and features from the keys.
+        Here a query's whole exponent w_l^T x - |x|^2 / 2 is shifted by its row maximum, so its largest feature
+        is exactly 1; keys are returned as log phi(k) and weighted by the engine relative to a reference
+        (:attr:`~attention_zoo.kernel.attention.KernelAttention.log_key_features`), which non-causally is the
+        global maximum over real keys and features, as the authors'. The 1 / sqrt(m) of eq. (5) is left out (it
+        cancels), and so is the reference's additive ``numerical_stabilizer`` (a small bias): a zero denominator
+        gives zeros instead. The references carry no gradient: the output does not depend on them. So float32
+        agrees with float64 even where every unstabilised feature underflows."""
         # b: batch, h: heads, n: positions, f: features. Up to factors that cancel in D^-1 A (docstring):
         # 1 / sqrt(m) always, and a query's |x|^2 / 2; each dropped factor is an (n, m) pass saved, and the
         # passes run in place (the product's backward keeps its inputs, not its output): one (n, m) tensor

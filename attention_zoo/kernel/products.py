@@ -1,7 +1,7 @@
 """The products of the kernelized cores (:mod:`attention_zoo.kernel.attention`), with their backward.
 
 - :func:`causal_scan` and :class:`CausalProduct`: the exact causal product by chunked prefix sums and
-  Katharopoulos et al. Sec. 3.3.1's backward (see ``kernel_attention``).
+  Katharopoulos et al. Sec. 3.3.1's backward (see :mod:`attention_zoo.kernel.attention`).
 - :class:`FavorAttention`: Performer's non-causal attention D^-1 (Q' ((K')^T V)) (Choromanski et al. 2021,
   eq. 4) computed from Q, K, V and W, position chunk by position chunk. An (n, m) feature map is m / d times
   the size of q (four times at m = 256, d = 64); the allocator maps such large tensors fresh for every use,
@@ -32,8 +32,8 @@ FEATURE_ELEMENTS = 1 << 19
 
 
 def feature_chunk(q: Tensor, m: int) -> int:
-    """Positions per chunk of :class:`FavorAttention` (and per span of ``kernel_causal_favor.CausalFavor``) for
-    ``q`` (B, H, N, d) and m features."""
+    """Positions per chunk of :class:`FavorAttention` (and per span of
+    :class:`~attention_zoo.kernel.causal_favor.CausalFavor`) for ``q`` (B, H, N, d) and m features."""
     return max(1, chunk_elements(q.device, FEATURE_ELEMENTS) // (q.shape[0] * q.shape[1] * m))
 
 
@@ -265,7 +265,11 @@ def anticausal_pair(
 
 class CausalProduct(torch.autograd.Function):
     """``causal_scan(fq, fk, values, scale, None, chunk)`` with Katharopoulos Sec. 3.3.1's backward
-    (``kernel_attention``): one carried state per scan, no per-chunk states kept. ``scale`` gets no gradient
+    (:mod:`attention_zoo.kernel.attention`): the gradients are themselves causal products, grad phi(Q) =
+    causal(G, [V 1], phi(K)), and grad phi(K), grad [V 1] are anti-causal products of ([V 1], G, phi(Q)) and
+    (phi(K), phi(Q), G), scanned from the last chunk to the first (no sequence is flipped); the two anti-causal
+    ones share their state (sum_i G_i phi(Q_i)^T, one the other's transpose) and their in-chunk blocks. One
+    carried state per scan, no per-chunk states kept. ``scale`` gets no gradient
     (the reference it sets cancels). The backward is itself made of causal scans, so with create_graph=True
     autograd differentiates it again: second-order gradients are exact. Without ``scale``, the forward's
     in-chunk blocks (n c numbers per head) are kept for the backward, and grad phi(K) and grad [V 1] share one

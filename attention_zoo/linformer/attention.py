@@ -17,13 +17,13 @@ Options (section 4, "Additional Efficiency Techniques"):
   changes nothing; for ``random`` it decides which fixed matrices are distinct draws.
 - ``projection``: learned ``linear`` (init: :func:`~attention_zoo.linformer.projections.scaled_xavier_`),
   ``mean_pool`` / ``max_pool`` / learned ``conv`` with kernel = stride = n / k, or ``random``, the fixed
-  N(0, 1/k) JL matrix R of Theorems 1-2 (a buffer, not trained). See ``linformer_projections``.
+  N(0, 1/k) JL matrix R of Theorems 1-2 (a buffer, not trained). See :mod:`attention_zoo.linformer.projections`.
 - ``k``: one int, or one per layer (the "nonuniform projected dimension", e.g. smaller k in higher
   layers, whose spectra are more skewed, Figure 1 right); indexed by ``context.layer_index``. All heads
   of a layer share k, so a layer stays one batched matmul; ``layerwise`` needs a single k.
 
 Lengths: n = ``max_seq_len``; a shorter input of length m uses the first m columns of E, F (slicing, as
-the WMT14 report suggests; windowed projections: see ``linformer_projections``); a longer one raises.
+the WMT14 report suggests; windowed projections: :mod:`attention_zoo.linformer.projections`); a longer one raises.
 Padding: padded keys and values are zeroed before the projection, and slots that received no real token
 (empty pooling windows) are left out of the softmax, so padded content never changes an output and a
 right-padded input gives the outputs of the unpadded one (up to summation order). A batch row with no
@@ -44,7 +44,7 @@ from typing import ClassVar
 from einops import rearrange
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, Geometry
+from attention_zoo.core import AttentionCore, Geometry
 from attention_zoo.linformer.projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import sdpa
 from attention_zoo.registry import register_attention
@@ -58,11 +58,10 @@ def default_k(max_seq_len: int) -> int:
 
 
 @register_attention("linformer")
-class LinformerAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "low rank"
-    supports_causal: ClassVar[bool] = False
-    requires_max_seq_len: ClassVar[bool] = True
-    supports_double_backward: ClassVar[bool] = True
+class LinformerAttention(
+    AttentionCore, approximation="low rank", supports_causal=False,
+    requires_max_seq_len=True, supports_double_backward=True,
+):  # fmt: skip
     example_configs = (
         {"k": 16},
         {"k": 16, "sharing": "none"},

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
+from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import appended, attend_to_cache, builds_graph
 from attention_zoo.linformer.projections import Projection, Sharing, build_projections, check_projected_length
 from attention_zoo.masks import causal_allowed, sdpa
@@ -65,11 +65,10 @@ class BlockSummaryState(DecodingState):
 
 
 @register_attention("linformer_causal")
-class CausalLinformerAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "low rank"
-    supports_cross_attention: ClassVar[bool] = False
-    supports_double_backward: ClassVar[bool] = True
-    has_decoding_cache: ClassVar[bool] = True
+class CausalLinformerAttention(
+    AttentionCore, approximation="low rank", supports_cross_attention=False, supports_double_backward=True,
+    has_decoding_cache=True,
+):  # fmt: skip
     example_configs = (
         {"block_size": 8, "block_k": 2},
         {"block_size": 16, "block_k": 4, "sharing": "none"},

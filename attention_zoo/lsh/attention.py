@@ -10,52 +10,30 @@ Kitaev, Kaiser, Levskaya 2020, "Reformer: The Efficient Transformer", arXiv:2001
     (15)      o_i^(r) = sum_{j in P~_i^(r)} exp(q_i . k_j - m_ij^(r) - z(i, P_i^(r))) v_j
     (16)      m_ij^(r) = inf if j not in P_i^(r); 1e5 if i = j; log N_ij otherwise; N_ij = |{r' : j in P_i^(r')}|
 
-The score is q_i . k_j with the unit key k_j and no further scale. The paper leaves 1/sqrt(d_k) out of its
-equations; the authors' code fixes it: trax ``attend`` (trax/layers/research/efficient_attention.py)
-normalises shared keys with ``length_normalized`` (x / sqrt(mean(x^2)), length sqrt(d)) and then divides
-them by sqrt(d), so its logits are q_i . k_j with ||k_j|| = 1 and q_i unscaled (Hugging Face's port,
-``_len_and_dim_norm``, does the same). Read as the usual q . k / sqrt(d), the key has length sqrt(d), that of
-a vector of unit-variance entries. Dividing once more by sqrt(d) would shrink logits of unit-variance q to
-variance 1/d: attention near uniform, which a model must first learn to undo.
-
-s_i^(r) is i's place after sorting round r by (bucket, position); m is the chunk length. The keys query i
-sums over in round r, A_i^(r), are exactly:
+The score is q_i . k_j with the unit key k_j and no further scale, as in the authors' trax code
+(``length_normalized``, then / sqrt(d)) and Hugging Face's port (``_len_and_dim_norm``): read as q . k / sqrt(d),
+the key has length sqrt(d). s_i^(r) is i's place after sorting round r by (bucket, position); m is the chunk
+length. The keys query i sums over in round r, A_i^(r), are exactly:
 
 - non-causal: A_i^(r) = P_i^(r) n P~_i^(r) minus i: its bucket, within its chunk and one chunk back, (4) n (11).
-- causal: A_i^(r) = {j in P_i^(r) : 0 < s_i - s_j <= m}, the m most recent earlier tokens of i's bucket.
-  Why not (11) n {j < i}: floor(s_i / m) counts the tokens hashed into lower buckets, later ones included,
-  so a later token can shift the chunk boundaries and move an earlier key in or out of i's chunk (a leak
-  of the future). (11) always holds the m places before s_i, plus up to m - 1 more that depend on that
-  alignment; A_i keeps the former only. A token's rank inside its bucket depends only on earlier tokens,
-  so query i's output depends only on tokens at positions <= i.
-- Duplicates: eq. (13) sums each of a pair's N_ij copies with weight 1/N_ij. Here N_ij counts the rounds
-  whose A_i^(r') holds j (the sets actually summed) and only the first copy is kept, with weight 1: the same
-  o_i, exactly softmax attention over U_r A_i^(r) with every key once, for n_hashes (n_hashes + 1) / 2
-  pairwise interval tests instead of n_hashes^2. The paper counts the bucket sets P_i^(r'); the two agree
-  under its assumption P_i^(r) in P~_i^(r), otherwise its literal N under-weights keys a chunk cut off.
+- causal: A_i^(r) = {j in P_i^(r) : 0 < s_i - s_j <= m}, the m most recent earlier tokens of i's bucket. Not
+  (11) n {j < i}: floor(s_i / m) counts the tokens hashed into lower buckets, later ones included, so a later
+  token could move an earlier key in or out of i's chunk (a leak of the future). A token's rank inside its
+  bucket depends only on earlier tokens, so query i's output depends only on tokens at positions <= i.
+- Duplicates: eq. (13) weights each of a pair's N_ij copies 1/N_ij; here N_ij counts the rounds whose A_i^(r')
+  holds j and only the first copy is kept, with weight 1: the same o_i, exactly softmax attention over
+  U_r A_i^(r) with every key once. The two agree under the paper's assumption P_i^(r) in P~_i^(r); otherwise
+  its literal N under-weights keys a chunk cut off.
 - Self: a token attends to itself alone (o_i = v_i) exactly when U_r A_i^(r) is empty, the 1e5 -> inf limit
-  of (16) with no constant that overflows half precision. Non-finite input stays visible: a NaN or inf in
-  q_i gives NaN at o_i (also when i is alone) and at every output whose key set holds j = i.
-- Buckets and chunks: ``n_buckets``, or ``bucket_size`` (default 64 when neither is given): n_buckets =
-  max(2, 2 floor(L' / (2 bucket_size))) with L' the length L padded to a multiple of m, so the average bucket
-  holds about bucket_size tokens. ``chunk_size`` defaults to bucket_size, else to the paper's
-  m = min(L, 2 ceil(L / n_buckets)). Non-causal, L is the sequence length N (the paper's rule). Causal,
-  L = ``max_seq_len``: the paper sizes buckets for the length it trains on, and a causal output must not
-  depend on how long the whole sequence is (a prefix, or step-by-step decoding, sees the same buckets and
-  rotations). Causal attention without ``max_seq_len`` needs both ``n_buckets`` and ``chunk_size``.
-  ``n_buckets=1`` skips hashing (one bucket): with chunk_size >= N that is full shared-QK attention with the
-  self-mask, the reference the tests check the chunking against.
-- Rotations R: one per head and round, drawn in float64 from a CPU generator seeded by ``seed``, then cast;
-  they depend on (seed, n_buckets) only, never on the batch, dtype or call. The paper redraws them per
-  step; fixed rotations keep evaluation reproducible (a new ``seed`` gives new ones).
-- Padding: padded tokens (mask False, and the internal padding to a multiple of m) go to a sentinel bucket
-  n_buckets that sorts after every real bucket, so real tokens' order, chunks and key sets do not depend
-  on padded content; padded outputs are zero. Self-attention only (Nq == Nk): queries and keys share
-  buckets. Buckets come from q; the multi-head block passes k = q.
-- Decoding (:meth:`LSHAttention.decode`): per sequence, head, round and bucket, a ring of the m most recent
-  tokens (keys, values, positions), the only ones a later query of that bucket can see; a step gathers its
-  buckets' rings, counts each position once and takes one softmax. Exact (the causal forward's o_i), and
-  H n_hashes (n_buckets + 1) m slots per sequence however long it grows.
+  of (16) with no constant that overflows half precision.
+- Buckets and chunks (:meth:`LSHAttention.chunk_and_buckets`) follow the paper's rules for the sequence length
+  non-causally and for ``max_seq_len`` causally, so a causal output never depends on how long the whole
+  sequence is. Rotations R (:meth:`LSHAttention.rotations`) are fixed by ``seed``, not redrawn per step.
+- Padding: padded tokens go to a sentinel bucket n_buckets that sorts after every real bucket, so real tokens'
+  chunks and key sets do not depend on padded content; padded outputs are zero. Self-attention only
+  (Nq == Nk): buckets come from q; the multi-head block passes k = q.
+- Decoding (:class:`LSHDecodingState`): per sequence, head, round and bucket, a ring of the m most recent
+  tokens, the only ones a later query of that bucket can see. Exact (the causal forward's o_i).
 
 Complexity: time O(B H n_hashes N (2m d + n_buckets d / 2)) plus a sort per round; memory O(B H n_hashes N 2m):
 the probabilities of each round's windows, kept for the custom backward (:mod:`attention_zoo.lsh.chunked`).
@@ -63,14 +41,12 @@ the probabilities of each round's windows, kept for the custom backward (:mod:`a
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 from torch import Tensor
 
-from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry, zero_padded
+from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.lsh.chunked import LSHFunction
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
@@ -80,7 +56,9 @@ class LSHDecodingState(DecodingState):
     """Rings of the m most recent tokens per (sequence, head, round, bucket), bucket n_buckets being padding's:
     ``positions`` ``(B, H, r, (n_buckets + 1) m)`` (-1: empty slot), ``keys`` (unit) and ``values``
     ``(B, H, r, (n_buckets + 1) m, D)``, ``written`` ``(B, H, r, n_buckets + 1)`` tokens per bucket so far.
-    None until the first step (it sets the batch, dtype and device)."""
+    None until the first step (it sets the batch, dtype and device). A step gathers its buckets' rings, counts
+    each position once and takes one softmax: H n_hashes (n_buckets + 1) m slots per sequence however long it
+    grows."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,11 +69,10 @@ class LSHDecodingState(DecodingState):
 
 
 @register_attention("lsh")
-class LSHAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "hashing"
-    supports_cross_attention: ClassVar[bool] = False
-    needs_shared_qk: ClassVar[bool] = True
-    has_decoding_cache: ClassVar[bool] = True
+class LSHAttention(
+    AttentionCore, approximation="hashing",
+    supports_cross_attention=False, needs_shared_qk=True, has_decoding_cache=True,
+):  # fmt: skip
     example_configs = (
         {"n_hashes": 2, "bucket_size": 4},
         {"n_hashes": 3, "n_buckets": 4, "chunk_size": 6, "seed": 1},
@@ -117,7 +94,10 @@ class LSHAttention(AttentionCore):
         chunk_size: int | None = None,
         seed: int = 0,
     ) -> None:
-        """``n_hashes`` rounds; ``bucket_size`` or ``n_buckets`` (1 or even), not both; see the module docstring."""
+        """``n_hashes`` rounds; ``bucket_size`` or ``n_buckets`` (1 or even), not both (default: bucket_size
+        64); ``chunk_size`` m (default: bucket_size, else the paper's rule, :meth:`chunk_and_buckets`); ``seed``
+        of the rotations. ``n_buckets=1`` skips hashing: with chunk_size >= N that is full shared-QK attention
+        with the self-mask, the reference the tests check the chunking against."""
         super().__init__(geometry)
         if bucket_size is not None and n_buckets is not None:
             raise ValueError(f"give bucket_size or n_buckets, not both (got {bucket_size} and {n_buckets})")
@@ -138,7 +118,13 @@ class LSHAttention(AttentionCore):
                 self.bound_by_length(option, value, default=1 if option == "n_buckets" else 64)
 
     def chunk_and_buckets(self, n: int, causal: bool) -> tuple[int, int]:
-        """The chunk length m and bucket count for sequences of length ``n``; causal, for ``max_seq_len``."""
+        """The chunk length m and bucket count for sequences of length ``n``; causal, for ``max_seq_len``.
+
+        n_buckets = max(2, 2 floor(L' / (2 bucket_size))) with L' the length L padded to a multiple of m, so the
+        average bucket holds about bucket_size tokens; m = chunk_size, else the paper's min(L, 2 ceil(L /
+        n_buckets)). Non-causal, L is the sequence length (the paper's rule); causal, L = ``max_seq_len``: the
+        paper sizes buckets for the length it trains on, and a prefix, or step-by-step decoding, must see the
+        same buckets and rotations. Causal attention without ``max_seq_len`` needs n_buckets and chunk_size."""
         if causal:
             if self.max_seq_len is not None:
                 n = self.max_seq_len
@@ -154,7 +140,9 @@ class LSHAttention(AttentionCore):
         return m, max(2, 2 * ((-(-n // m) * m) // (2 * self.bucket_size)))
 
     def rotations(self, n_buckets: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """R of Sec. 2, ``(H, n_hashes, d, n_buckets / 2)``: a function of (seed, n_buckets) only."""
+        """R of Sec. 2, ``(H, n_hashes, d, n_buckets / 2)``: a function of (seed, n_buckets) only, drawn in
+        float64 from a CPU generator and then cast, never depending on the batch, dtype or call. The paper
+        redraws them per step; fixed rotations keep evaluation reproducible (a new ``seed`` gives new ones)."""
         generator = torch.Generator().manual_seed(self.seed)
         shape = (self.heads, self.n_hashes, self.dim_head, n_buckets // 2)
         return torch.randn(shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)

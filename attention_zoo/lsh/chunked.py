@@ -106,7 +106,7 @@ class LSHFunction(torch.autograd.Function):
 
 def _exp(x: Tensor) -> Tensor:
     """In place, exp(x) for -80 <= x <= 0 and exactly 0 where x < -80 (pairs outside a key set sit at -MASKED):
-    exp(clamp(x, -80, 0)) - exp(-80) keeps CPU exp out of its underflow path, ~50x slower. NaN stays NaN."""
+    exp(clamp(x, -80, 0)) - exp(-80) keeps CPU exp out of its underflow path, which is far slower. NaN stays NaN."""
     return x.clamp_(-80.0, 0.0).exp_().sub_(math.exp(-80.0))
 
 
@@ -114,7 +114,7 @@ def _plan(n_rows: int, n_chunks: int, m: int, dim: int, device: torch.device) ->
     """Row groups and chunk groups of the blocks of one round, within ``chunk_elements(device, BLOCK_PAIRS)``
     (:mod:`attention_zoo.chunking`), or one chunk of one row; a block of several rows holds all their chunks,
     so that its sorted places are contiguous. A chunk holds 2 m^2 query-key pairs and gathers 2 m d keys and
-    as many values: the CPU budget counts the pairs alone (as it always has), an accelerator's the larger of
+    as many values: the CPU budget counts the pairs alone, an accelerator's the larger of
     the two, so that the gathers stay within it when d > m (small buckets)."""
     per_chunk = 2 * m * (m if torch.device(device).type == "cpu" else max(m, dim))
     per_block = max(1, chunking.chunk_elements(device, BLOCK_PAIRS) // per_chunk)

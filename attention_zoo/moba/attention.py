@@ -14,48 +14,27 @@ counts that forced block (the authors' code sets its gate to +inf, so it is one 
 ``top_k`` counts the gated blocks only, so a query attends to 1 + ``top_k`` blocks (paper's k = top_k + 1).
 Non-causal (not in the paper, which trains decoders): every other block is a candidate, the own block
 is attended whole. A query with fewer candidates than ``top_k`` (the first blocks, when causal) takes all
-of them. Key padding: padded keys are left out of the block means (a mean over the block's real keys)
-and out of the attention; a block with no real key is never gated in; a query that then sees no key
-gets zeros. The selection is a top-k, piecewise constant in q and K: like the paper's parameter-free
-gate it passes no gradient; gradients reach q, K and V through the softmax over the selected keys.
+of them. Key padding: padded keys are left out of the block means and out of the attention; a block with no
+real key is never gated in; a query that then sees no key gets zeros. The selection is a top-k, piecewise
+constant in q and K: like the paper's parameter-free gate it passes no gradient; gradients reach q, K and V
+through the softmax over the selected keys.
 
-Defaults ``block_size=512, top_k=2``: the paper's scaling-law setting, block 512 with top-k 3 (own block
-included) at 8K context, i.e. 81.25% sparsity, the shortest context the paper trains and the closest to
-the lengths of this zoo; its 1M-token Llama-8B setting is block 4096, top-k 12 (the default of the
-authors' examples/llama.py). At n <= block_size MoBA is full attention.
+Defaults ``block_size=512, top_k=2``: the paper's scaling-law setting (block 512, top-k 3 with the own block, at
+8K context), the shortest context the paper trains; its 1M-token Llama-8B setting is block 4096, top-k 12. At
+n <= block_size MoBA is full attention.
 
-Implementation: (1) the gate, s for every (query, block) in chunks of queries (a fixed number of scores
-per chunk, set per device by :mod:`attention_zoo.chunking`: the whole (N, n) score matrix only where it
-fits one chunk), top-k under the masks above, giving for each query its own block (rank 0) and
-its gated blocks (ranks 1..top_k). (2) exact attention over the selected blocks, for a whole sequence
-with the block-level kernel of :mod:`attention_zoo.moba.tiled`: the own blocks as plain batched attention
-(no gather), then each key block read once and scored against every query that selected it, the
-(query, block) pairs sorted by block (the authors' varlen FlashAttention is key-block-major too) by
-:mod:`attention_zoo.moba.layout`, an online softmax across a query's blocks and recomputation in the backward.
-On the CPU the same blocks go to torch's flash-attention op, merged by their log-sum-exps
-(:mod:`attention_zoo.moba.flash`). A decoding step (a few queries
-at an offset) uses the tiled kernel of :mod:`attention_zoo.sparse.tiled` instead: the (b, h, position) axes
-flattened into one row axis (the kernel sees B = H = 1) and, per rank, the pairs sorted by block and cut
-into tiles of T queries against the B keys of that block. The dense (N, N) score matrix is never formed,
-except with ``impl="dense"``: the same selection as an (N, N) mask and a masked softmax, for short sequences.
-
-Cost per head: gate 2 N n d (with n = N / B blocks: quadratic, but B-fold below full attention's);
-attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k), plus the kernels' fixed-size
-chunks. The block-level kernel pads the query lists of the sequences batched on one key block to the
-longest (at most 15% of the rows); the causal own block computes 5/8 of its scores
-(in slabs of rows; only their diagonal squares are masked).
-
-Decoding (``has_decoding_cache``): the state keeps the keys and values so far in whole blocks (capacity
-doubles), which slots hold real tokens, and every block's running key sum and real-key count; causal
-gating reads a block's mean only once the block is complete. A step costs O((N / B) d) for the gate and
-O((top_k + 1) B d) for the attention, plus building a small layout. The cache is written in place, so
-autograd cannot reach back through earlier steps (it raises): decoding is for inference.
+Implementation (:meth:`MixtureOfBlockAttention.attend`): the gate in chunks of queries, then exact attention
+over the selected blocks by the block-level kernel of :mod:`attention_zoo.moba.tiled` (each key block read once
+against every query that selected it; :mod:`attention_zoo.moba.flash` on the CPU); ``impl="dense"`` forms the
+same selection as an (N, N) mask instead. Cost per head: gate 2 N n d (n = N / B blocks: quadratic, but B-fold
+below full attention's); attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k), plus the
+kernels' fixed-size chunks. Decoding (:class:`BlockCache`): O((N / B) d) for the gate and O((top_k + 1) B d)
+for the attention per step; for inference only.
 
 Limits: the selection is discontinuous, so float32 and float64 (or a decoding step and the forward) can
 pick different blocks at a near-tie of two gate scores (ties have probability zero on continuous
-inputs; the conformance tests pass on random ones). Self-attention only: the own block is the query's
-position in the key sequence, which cross-attention does not have. Speed is measured by ``zoo targets``,
-not here.
+inputs). Self-attention only: the own block is the query's position in the key sequence, which
+cross-attention does not have.
 """
 
 from __future__ import annotations
@@ -68,7 +47,7 @@ from einops import einsum, rearrange, reduce, repeat
 from torch import Tensor
 
 from attention_zoo import chunking
-from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
+from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.masks import masked_attention
 from attention_zoo.moba.tiled import moba_attention
 from attention_zoo.precision import compute_dtype
@@ -83,10 +62,9 @@ _MAX_TILE = 64
 
 
 @register_attention("moba")
-class MixtureOfBlockAttention(AttentionCore):
-    supports_cross_attention: ClassVar[bool] = False
-    approximation: ClassVar[Approximation] = "content-selected sparsity"
-    has_decoding_cache: ClassVar[bool] = True
+class MixtureOfBlockAttention(
+    AttentionCore, approximation="content-selected sparsity", supports_cross_attention=False, has_decoding_cache=True
+):
     example_configs = (
         {"block_size": 4, "top_k": 2},
         {"block_size": 8, "top_k": 1},
@@ -108,14 +86,23 @@ class MixtureOfBlockAttention(AttentionCore):
         ``"dense"`` the (N, N) mask of the same selection and a masked softmax, O(N^2): the same output, and
         faster at short lengths, where the tiled kernel's per-call layout costs more than the scores it skips."""
         super().__init__(geometry)
-        if block_size < 1:
-            raise ValueError(f"block_size must be an int >= 1, got {block_size}")
         self.bound_by_length("block_size", block_size)
         if top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (gated blocks besides the own block), got {top_k}")
         self.block_size, self.top_k, self.impl = block_size, top_k, impl
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
+        """(1) The gate, s for every (query, block) in chunks of queries (a fixed number of scores per chunk, set
+        per device by :mod:`attention_zoo.chunking`: the whole (N, n) score matrix only where it fits one chunk),
+        top-k under the masks of the module docstring, giving each query its own block (rank 0) and its gated
+        blocks (ranks 1..top_k). (2) Exact attention over the selected blocks, for a whole sequence by the
+        block-level kernel of :mod:`attention_zoo.moba.tiled`: the own blocks as plain batched attention (no
+        gather), then each key block read once and scored against every query that selected it, the (query,
+        block) pairs sorted by block by :mod:`attention_zoo.moba.layout` (the authors' varlen FlashAttention is
+        key-block-major too), an online softmax across a query's blocks and recomputation in the backward. The
+        query lists of the sequences batched on one key block are padded to the longest; the causal own block
+        computes 5/8 of its scores (in slabs of rows; only their diagonal squares are masked). The dense (N, N)
+        score matrix is never formed, except with ``impl="dense"``."""
         # b: batch, h: heads, n: positions (padded to whole blocks), g: block, j: position in a block, d: head dim
         n, c = q.shape[-2], self.block_size
         real = mask
@@ -184,7 +171,12 @@ class MixtureOfBlockAttention(AttentionCore):
 
 class BlockCache(DecodingState):
     """MoBA's decoding state: keys, values and real-token flags in whole blocks (slots past ``length`` are
-    empty and not real), and each block's running key sum and real-key count (float32 for half inputs)."""
+    empty and not real; capacity doubles), and each block's running key sum and real-key count (float32 for half
+    inputs); causal gating reads a block's mean only once the block is complete. A step (a few queries at an
+    offset) uses the tiled kernel of :mod:`attention_zoo.sparse.tiled`: the (b, h, position) axes flattened into
+    one row axis and, per rank, the pairs sorted by block and cut into tiles of T queries against the B keys of
+    that block. The cache is written in place, so autograd cannot reach back through earlier steps (it raises):
+    decoding is for inference."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -2,7 +2,7 @@
 
 Xiong et al. 2021, "Nystromformer: A Nystrom-Based Algorithm for Approximating Self-Attention", AAAI 2021,
 arXiv:2102.03902 (https://arxiv.org/abs/2102.03902). Notation of the paper's Algorithm 1; the labels (N1)-(N5)
-are this file's (the paper's own equation numbers are not in the sources this project keeps):
+are this file's:
 
     (N1) landmarks by Segment-means: q~_j = mean of the queries in segment j, k~_j likewise (j = 1..m)
     (N2) F~ = softmax(Q K~^T / sqrt(d_q))  (n x m),  A~ = softmax(Q~ K~^T / sqrt(d_q))  (m x m),
@@ -13,47 +13,28 @@ are this file's (the paper's own equation numbers are not in the sources this pr
     (N5) started from Z_0 = A~^T / (||A~||_1 ||A~||_inf).
 
 Complexity O(n m d + m^3) time and O(n m + n d) memory: F~ is n x m, B~ is m x n, A~^+ is m x m, and B~ V
-is formed before A~^+ touches it, so nothing n x n ever exists. ``pinv="exact"`` replaces (N4)-(N5) with
-``torch.linalg.pinv`` (an SVD), the reference for the iteration.
+is formed before A~^+ touches it, so nothing n x n ever exists (F~ and B~ a block of heads at a time,
+:class:`SoftmaxProduct`). ``pinv="exact"`` replaces (N4)-(N5) with ``torch.linalg.pinv`` (an SVD), the
+reference for the iteration.
 
 Choices where the paper is silent (it assumes n divisible by m and no padding):
-
-- Segments over real tokens. Segment j of a sequence with L real tokens holds the real tokens of rank
-  r = 0..L-1 (in position order) with floor(r m / L) = j, and its landmark is their plain mean. For n = l m
-  without padding this is exactly the paper's l-token segments; otherwise segment sizes differ by at most
-  one and each mean divides by its own count. Padding n up to a multiple of m instead would leave
-  segments empty (n = 17, m = 8: segments of 3 leave two of eight empty). Padded tokens take part in no
-  landmark and in no softmax, so a sequence's output does not depend on its padding's content or length,
-  nor on the rest of the batch.
-- m > L (or a sequence with no real token): each real token is its own landmark; the empty segments are
-  left out of F~ and A~ (masked columns, and an identity block in A~ that F~ never reads, so the
-  pseudo-inverse of the real block is unchanged). With m = n and the exact pseudo-inverse the output is
-  full attention exactly: F~ = A~ = B~ = S and S S^+ S = S.
-- Precision (:mod:`attention_zoo.precision`): B~ V runs in the input dtype; the landmark means (accumulated
-  without rounding them to the input dtype: A~ is ill-conditioned), A~, its pseudo-inverse and the product
-  F~ (A~^+ B~ V) run in float32 for bf16/fp16 input (float64 for float64), and the core turns autocast off
-  inside, so the same holds under autocast. The scale of (N5) is per matrix (per batch element and head);
-  the reference code divides by the largest column sum over the whole batch, which makes one sequence's
-  output depend on the others in its batch.
-- ``conv_kernel_size``: the paper's depthwise convolution skip on V (kernel 33 in its experiments), along
-  the sequence, one filter per head, V's padded tokens zeroed first.
-- Not causal: every landmark averages a whole segment, so a query would see its segment's future; a
-  causal variant is not in the paper (xformers shipped one that leaked the future). A decoder built from
-  ``nystrom`` alone (``--model.attention nystrom`` in translation) therefore uses ``full`` for its causal
-  self-attention (``causal_counterpart``): the exact form of what Nystrom approximates, on the (short)
-  target side, while the encoder keeps Nystrom; the choice is logged and recorded with the run.
-- Self-attention only: the padding mask must also mark which queries build landmarks, and the convolution
-  skip maps V onto the query positions, both of which need Nq == Nk.
+- Segments over real tokens (:func:`segment_layout`): for n = l m without padding exactly the paper's l-token
+  segments; otherwise sizes differ by at most one. Padded tokens take part in no landmark and no softmax, so a
+  sequence's output depends neither on its padding nor on the rest of the batch. m > L real tokens: each real
+  token is its own landmark, and with m = n and the exact pseudo-inverse the output is full attention exactly.
+- The scale of (N5) is per matrix (per batch element and head): the reference code's largest column sum over
+  the whole batch makes one sequence's output depend on the others in its batch.
+- Precision (:mod:`attention_zoo.precision`): landmark means, A~, its pseudo-inverse and F~ (A~^+ B~ V) run in
+  float32 for bf16/fp16 input (float64 for float64), autocast off inside; B~ V runs in the input dtype.
+- Not causal: every landmark averages a whole segment, so a query would see its segment's future, and the paper
+  has no causal variant. A decoder built from ``nystrom`` alone uses ``full`` (``causal_counterpart``) for its
+  causal self-attention. Self-attention only: the padding mask also marks which queries build landmarks, and
+  the convolution skip maps V onto the query positions, both of which need Nq == Nk.
 
 Accuracy: the error falls with m and is near round-off only at m = n, where the 6-step iteration stops short
 (A~ = S is ill-conditioned). The exact pseudo-inverse is *not* a better approximation: with near-singular A~
 (close landmarks) it amplifies the mismatch between F~, A~ and B~, where the truncated iteration acts as a
-regularised inverse. ``"exact"`` is a reference, not a setting to train (measured: the approximation
-results' README).
-
-Speed: F~ and B~ go through :class:`SoftmaxProduct`, a block of heads at a time, so the n x m scores and
-their gradient stay in cache on the CPU; on an accelerator the blocks take the much larger budget of
-:mod:`attention_zoo.chunking` (all heads at once at the usual shapes), so that few kernels are launched.
+regularised inverse. ``"exact"`` is a reference, not a setting to train.
 """
 
 from __future__ import annotations
@@ -66,7 +47,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from attention_zoo import chunking
-from attention_zoo.core import Approximation, AttentionCore, Geometry, recomputed_gradients
+from attention_zoo.core import AttentionCore, Geometry, recomputed_gradients
 from attention_zoo.masks import masked_softmax
 from attention_zoo.precision import full_precision
 from attention_zoo.registry import register_attention
@@ -99,7 +80,12 @@ def exact_pinv(a: Tensor) -> Tensor:
 
 
 def segment_layout(mask: Tensor | None, n: int, m: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Which landmark segment each position belongs to (see the module docstring).
+    """Which landmark segment each position belongs to. Segment j of a sequence with L real tokens holds the real
+    tokens of rank r = 0..L-1 (in position order) with floor(r m / L) = j, and its landmark is their plain mean,
+    each mean divided by its own count. Padding n up to a multiple of m instead would leave segments empty
+    (n = 17, m = 8: segments of 3 leave two of eight empty). With m > L (or no real token) the empty segments
+    are left out of F~ and A~ (masked columns, and an identity block in A~ that F~ never reads, so the
+    pseudo-inverse of the real block is unchanged).
 
     Returns ``segment`` (B | 1, n) in 0..m, where m marks a padded token that joins no segment, and
     ``counts`` (B | 1, m), the number of real tokens in each segment.
@@ -176,11 +162,10 @@ class SoftmaxProduct(torch.autograd.Function):
 
 
 @register_attention("nystrom")
-class NystromAttention(AttentionCore):
-    approximation: ClassVar[Approximation] = "low rank"
-    supports_causal: ClassVar[bool] = False
-    supports_double_backward: ClassVar[bool] = True
-    supports_cross_attention: ClassVar[bool] = False
+class NystromAttention(
+    AttentionCore, approximation="low rank", supports_causal=False, supports_double_backward=True,
+    supports_cross_attention=False,
+):  # fmt: skip
     #: no causal Nystrom exists (see the module doc): decoders use exact full attention instead
     causal_counterpart: ClassVar[str | None] = "full"
     example_configs = (
@@ -205,10 +190,9 @@ class NystromAttention(AttentionCore):
     ) -> None:
         """``num_landmarks``: m in (N1); ``pinv_iterations``: steps of (N4) (``pinv="iterative"`` only; the
         paper uses 6); ``pinv``: ``"iterative"`` (N4)-(N5) or ``"exact"`` (``torch.linalg.pinv``);
-        ``conv_kernel_size``: odd kernel of the depthwise convolution skip on V, or None (off)."""
+        ``conv_kernel_size``: odd kernel of the paper's depthwise convolution skip on V (kernel 33 in its
+        experiments), along the sequence, one filter per head, V's padded tokens zeroed first; None: off."""
         super().__init__(geometry)
-        if num_landmarks < 1:
-            raise ValueError(f"num_landmarks must be >= 1, got {num_landmarks}")
         self.bound_by_length("num_landmarks", num_landmarks)
         if pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
@@ -263,7 +247,7 @@ class NystromAttention(AttentionCore):
         n, m = q.shape[-2], self.num_landmarks
         if mask is None and n % m == 0:
             # sum, then divide the small result: einops' "mean" makes autograd write a permuted n x d gradient
-            # and copy it again (3 ms per tensor at n = 4096, H = 8, D = 64)
+            # and copy it again
             means = [rearrange(t, "b h (j l) d -> b h j l d", j=m).sum(3, dtype=work) * (m / n) for t in (q, k)]
             return means[0], means[1], None
         segment, counts = segment_layout(mask, n, m, q.device)

@@ -11,33 +11,25 @@ with its paper): sliding window (Beltagy et al. 2020, Longformer, arXiv:2004.051
 (Child et al.), blockwise (Qiu et al. 2019, BlockBERT, arXiv:1911.02972), window + global tokens
 (Longformer) and window + global + random blocks (Zaheer et al. 2020, BigBird, arXiv:2007.14062).
 Causal attention uses S_i AND {j <= i}; key padding removes padded keys from every S_i; a query whose
-S_i is then empty gives zeros.
+S_i is then empty gives zeros. Self-attention only: the patterns are positions within one sequence.
 
 ``"local"``: ``window`` = w is Longformer's: w/2 keys on each side plus the token itself, so w = 256 sees
-257 keys (the "Longformer-257" of the Nystromformer comparison; a causal query sees w/2 + 1).
+257 keys (the "Longformer-257" of the Nystromformer comparison; a causal query sees w/2 + 1). Each registered
+core binds one pattern object (:mod:`attention_zoo.sparse.patterns`: its options and defaults, mask function,
+tiles and decoding rule); ``"sparse"`` makes the one its ``pattern`` option names.
 
-Exactness: every core equals full attention restricted to its pattern (``approximation = "fixed sparsity"``),
-in every implementation (option ``impl``):
+Every implementation (option ``impl``) equals full attention restricted to the pattern:
 - ``"auto"`` (default): ``"flex"`` when the inputs are on CUDA (in float32, bfloat16 or float16, head dim
   >= 16), ``"blocked"`` otherwise: each device gets the fastest path that can also train there.
 - ``"flex"``: :mod:`attention_zoo.sparse.flex`, FlexAttention with a block mask from the same mask function,
   cached; on CUDA a compiled kernel that skips the tiles the pattern leaves empty. On the CPU only torch's
   eager fallback runs (dense, forward only): training with it there is refused in favour of ``"blocked"``.
-- ``"blocked"``: tiles of queries against only the keys they touch, O(n K) time and memory, trainable on
-  CPU. ``local`` (one band of keys per query) runs :mod:`attention_zoo.sparse.band`: each tile's keys are one
-  contiguous slice of a padded row buffer, read as a strided view, so there is nothing to gather or scatter.
-  A pattern that is a band plus other keys runs the band there and the rest on :mod:`attention_zoo.sparse.tiled`,
-  one softmax over both (:mod:`attention_zoo.sparse.band_and_tiles`): ``longformer`` (the window, then the global
-  rows and columns outside it) and ``strided`` (its window |i - j| <= l, then the disjoint rest of its columns:
-  queries and keys of one residue mod l, tiled together, about n / l keys per query). The other patterns run
-  :mod:`attention_zoo.sparse.tiled` alone and find their tiles' key sets by evaluating the mask function once
-  per (length, causal), an O(n^2) boolean pass, cached (Longformer's rest too).
+- ``"blocked"``: tiles of queries against only the keys they touch, O(n K) time and memory, trainable on CPU:
+  a band of keys per query (``local``) by :mod:`attention_zoo.sparse.band`, a band plus other keys
+  (``longformer``, ``strided``) by :mod:`attention_zoo.sparse.band_and_tiles`, the other patterns by
+  :mod:`attention_zoo.sparse.tiled`, whose tiles' key sets come from one O(n^2) boolean pass of the mask
+  function per (length, causal), cached.
 - ``"dense"``: the reference: the (n, n) mask from the same mask function, masked softmax.
-
-Self-attention only: the patterns are positions within one sequence.
-
-Each registered core binds one pattern object (:mod:`attention_zoo.sparse.patterns`: its options and defaults,
-mask function, tiles and decoding rule); ``"sparse"`` makes the one its ``pattern`` option names.
 
 Decoding cache (:meth:`PatternAttention.decode`, :class:`attention_zoo.decoding.cache.PatternState`): the
 keys, values and positions that a later query may still attend (the pattern's ``still_reachable``, which
@@ -56,7 +48,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-from attention_zoo.core import Approximation, AttentionCore, DecodingState, Geometry
+from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import MaskMod, masked_attention
 from attention_zoo.registry import register_attention
@@ -79,13 +71,11 @@ Impl = Literal["auto", "flex", "blocked", "dense"]
 _CACHED_LAYOUTS = 8  # per core: tile layouts, and as many FlexAttention block masks
 
 
-class PatternAttention(AttentionCore):
+class PatternAttention(
+    AttentionCore, approximation="fixed sparsity", supports_cross_attention=False, has_decoding_cache=True
+):
     """Softmax attention restricted to ``pattern`` (Child et al. eqs. (2)-(4)), a
     :class:`~attention_zoo.sparse.patterns.SparsePattern`."""
-
-    supports_cross_attention: ClassVar[bool] = False
-    approximation: ClassVar[Approximation] = "fixed sparsity"
-    has_decoding_cache: ClassVar[bool] = True
 
     def __init__(self, geometry: Geometry, *, pattern: SparsePattern, impl: Impl = "auto") -> None:
         super().__init__(geometry)

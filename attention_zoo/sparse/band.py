@@ -71,7 +71,7 @@ def band_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, key_padding: Ten
     return BandAttention.apply(q.to(work), k.to(work), v.to(work), band, key_padding, scale).to(q.dtype)
 
 
-class _Rows:
+class BandRows:
     """The padded row buffer of one call: B * H sequences of N' = tiles * T rows, shifted by ``before``."""
 
     def __init__(self, band: Band, q: Tensor) -> None:
@@ -122,7 +122,7 @@ class _Masks:
     own sequence or on padded keys (``runs``: (first tile, end tile, first row of ``blocked``) of the tiles
     that need this position mask: those at either end of a sequence, or every tile with key padding)."""
 
-    def __init__(self, rows: _Rows, key_padding: Tensor | None, device: torch.device) -> None:
+    def __init__(self, rows: BandRows, key_padding: Tensor | None, device: torch.device) -> None:
         band, tile, width, tiles = rows.band, rows.band.tile, rows.band.width, rows.tiles
         i = torch.arange(tile, device=device)[:, None]
         offset = torch.arange(width, device=device)[None, :] - band.before - i
@@ -162,7 +162,7 @@ class _Masks:
 
 def to_tiles(band: Band, x: Tensor) -> Tensor:
     """(B H tiles, T, ...) zero-padded query tiles of x (B, H, N, ...), as the kernel's rows."""
-    return _Rows(band, x).queries(x)
+    return BandRows(band, x).queries(x)
 
 
 def from_tiles(band: Band, tiles: Tensor, shape: torch.Size) -> Tensor:
@@ -171,7 +171,7 @@ def from_tiles(band: Band, tiles: Tensor, shape: torch.Size) -> Tensor:
     return rearrange(tiles, "(b h t) i ... -> b h (t i) ...", b=batch, h=heads)[:, :, :n]
 
 
-def _chunk_tiles(rows: _Rows, device: torch.device) -> int:
+def _chunk_tiles(rows: BandRows, device: torch.device) -> int:
     """Tiles per chunk: about ``chunk_elements(device, _CHUNK_ELEMENTS)`` scores, at most every tile."""
     budget = chunking.chunk_elements(device, _CHUNK_ELEMENTS) // (rows.band.tile * rows.band.width)
     return min(rows.seqs * rows.tiles, max(1, budget))
@@ -183,7 +183,7 @@ def band_forward(
     """The forward over the band: (O in tiles (B H tiles, T, D), what the backward needs, and with ``with_lse``
     each row's log-sum-exp over its band keys (B H tiles, T), -inf where it sees none)."""
     # g: tiles, i: rows of a tile, j: key slots of a tile, d: head dim
-    rows = _Rows(band, q)
+    rows = BandRows(band, q)
     masks = _Masks(rows, key_padding, q.device)
     queries = rows.queries(q).mul_(scale)
     key_rows, value_rows = rows.keys(k), rows.keys(v)
@@ -220,7 +220,7 @@ def band_backward(
     # dV = P^T dO, dS = P (dO V^T - rowsum(dO O))
     queries, key_rows, value_rows, weights = saved
     batch = grad_out.shape[0]
-    rows = _Rows(band, grad_out)
+    rows = BandRows(band, grad_out)
     keys, values = rows.windows(key_rows), rows.windows(value_rows)
     grad_rows = rows.queries(grad_out)
     delta = (grad_rows * out).sum(dim=-1, keepdim=True)

@@ -8,23 +8,16 @@ without evaluating the mask, and applies ``mask_mod`` elementwise inside partial
 pattern's tiles, forward and backward.
 
 - The block mask depends only on (length, causal, device), so the core builds it once and caches it
-  (:meth:`attention_zoo.sparse.attention.PatternAttention.attend`); building it evaluates the mask function on the dense
-  (n, n) grid, once.
-- Key padding does not change the block mask: it is a ``score_mod`` that sets the scores of padded keys to
-  -inf, closing over the ``(B, Nk)`` mask, so a batch with new padding reuses the cached block mask and the
-  compiled kernel (the mask tensor is an input of the compiled graph, not a constant of it).
-- A query with no allowed key (its pattern row is empty after causality and padding) gives zeros, the library
-  convention: its log-sum-exp is -inf, and the output rows where it is are set to exactly zero.
-- The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx):
-  elementwise ops on the index tensors, no reduction and no buffer or device copy made inside it (Inductor
-  lowers it as a pointwise subgraph). Every pattern's rule is (:mod:`attention_zoo.sparse.mask_mods`);
+  (:meth:`~attention_zoo.sparse.attention.PatternAttention.attend`), one evaluation of the mask function on
+  the dense (n, n) grid. Key padding is a ``score_mod`` closing over the ``(B, Nk)`` mask, an input of the
+  compiled graph: a batch with new padding reuses the cached block mask and the compiled kernel.
+- A query with no allowed key gives zeros, the library convention (its log-sum-exp is -inf).
+- The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx): no
+  reduction and no buffer or device copy inside it. Every rule of :mod:`attention_zoo.sparse.mask_mods` is;
   BigBird's random blocks are a lookup in a block-level bool matrix made on the device beforehand.
-- On CUDA the call goes through ``torch.compile(flex_attention)``, made once per process on first use.
-  Each pattern configuration (the constants its mask function closes over), dtype, and padded or unpadded
-  call compiles once; a new length may recompile once more (then shapes are dynamic). Past torch's
-  recompile limit (``torch._dynamo.config.recompile_limit``) further variants run eagerly. Called eagerly,
-  as on the CPU, flex_attention is torch's unfused fallback: it materializes the whole (n, n) score matrix,
-  correct but neither fast nor small.
+- On CUDA the call goes through ``torch.compile(flex_attention)`` (:func:`_compiled_flex_attention`); called
+  eagerly, as on the CPU, flex_attention is torch's unfused fallback, which materializes the whole (n, n)
+  score matrix: correct but neither fast nor small.
 
 Limits (:func:`flex_refusal`, :func:`check_flex_inputs`: ``impl="auto"`` falls back to the blocked kernel, an
 explicit ``impl="flex"`` fails with a message that says why): the compiled kernel takes float32, bfloat16 and
@@ -118,4 +111,8 @@ def _key_padding(mask: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tens
 
 @cache
 def _compiled_flex_attention() -> Callable[..., object]:
+    """``torch.compile(flex_attention)``, made once per process on first use. Each pattern configuration (the
+    constants its mask function closes over), dtype, and padded or unpadded call compiles once; a new length may
+    recompile once more (then shapes are dynamic). Past torch's recompile limit
+    (``torch._dynamo.config.recompile_limit``) further variants run eagerly."""
     return torch.compile(flex_attention)

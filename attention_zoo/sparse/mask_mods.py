@@ -1,18 +1,10 @@
 """Sparse attention patterns as mask functions, in FlexAttention's ``mask_mod`` convention.
 
-A pattern is a function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = query ``q_idx`` may attend
-key ``kv_idx``) made by a factory ``generate_<pattern>(...)``. The functions are pointwise: elementwise
-tensor ops on the index tensors, and at most one lookup in a constant table already on their device. So
-one definition gives the dense ``(N, N)`` mask of the reference (:func:`dense_mask`), the exact element
-mask inside the tiles of the blocked fast path (:mod:`attention_zoo.sparse.tiled`), works under
-``torch.nn.attention.flex_attention.create_mask`` / ``create_block_mask``, and is what FlexAttention's
-compiled kernel evaluates inside its partial tiles (Inductor lowers the rule as a pointwise subgraph, in
-which no buffer may be created: no reduction, no device copy). None of these patterns depends on ``b`` or
-``h``. Positions are 0-based; every pattern is bidirectional, and causal attention is the pattern AND
-:func:`causal_mask` (``torch.nn.attention.flex_attention.and_masks``; :func:`with_causal`).
-
-In Child et al.'s notation the output at i attends the connectivity set S_i (eqs. (2)-(4)):
-a(x_i, S_i) = softmax((W_q x_i) K_{S_i}^T / sqrt(d)) V_{S_i}. The patterns, with S_i = {j : mask_mod(i, j)}:
+A pattern is a pointwise function ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor`` (True = query ``q_idx``
+may attend key ``kv_idx``; it depends on neither ``b`` nor ``h``) made by a factory ``generate_<pattern>(...)``:
+one definition gives the dense mask of the reference (:func:`dense_mask`), the element mask inside the blocked
+path's tiles and FlexAttention's block mask. Positions are 0-based; causal is the pattern AND :func:`causal_mask`.
+In Child et al.'s notation (eqs. (2)-(4)) query i attends S_i = {j : mask_mod(i, j)}:
 
 - sliding window, ``window`` = w (even): |i - j| <= w/2, i.e. w/2 keys on each side plus the token itself,
   w + 1 keys in all (Longformer's convention, Beltagy et al. 2020, arXiv:2004.05150, §3.1: "w/2 tokens on
@@ -22,32 +14,18 @@ a(x_i, S_i) = softmax((W_q x_i) K_{S_i}^T / sqrt(d)) V_{S_i}. The patterns, with
 - fixed, ``stride`` = l, ``summary_columns`` = c (Child et al. §4.3): A^(1) = {j : floor(j/l) = floor(i/l)}
   union A^(2) = {j : j mod l in {l - c, ..., l - 1}}, the last c positions of every block ("summary cells").
 - blockwise, ``block_size`` = b (Qiu et al. 2019, BlockBERT, arXiv:1911.02972, §3): block-diagonal,
-  floor(i/b) = floor(j/b). BlockBERT also gives some heads a permuted block assignment; that variant is
-  not implemented here (only the identity permutation).
+  floor(i/b) = floor(j/b) (the identity permutation only; BlockBERT also permutes some heads' blocks).
 - longformer, ``window`` = w, ``global_tokens`` = g (Beltagy et al. §3.1): the sliding window union
   {j : j < g} union {all j if i < g}: the first g positions attend everywhere and are attended by all.
 - bigbird, ``block_size`` = b, ``window_blocks`` = w_b, ``global_tokens`` = g, ``random_blocks`` = r
   (Zaheer et al. 2020, arXiv:2007.14062, §2 eq. (1), block form in App. D): on block indices
   I = floor(i/b), J = floor(j/b): |I - J| <= w_b // 2, union global tokens (BigBird-ITC: positions that
-  attend everywhere and are attended by all), union r random key blocks per query block (see
-  :func:`bigbird_random_blocks`). Where the g global tokens sit (``global_placement``):
+  attend everywhere and are attended by all), union r random key blocks per query block
+  (:func:`bigbird_random_blocks`). The global tokens (``global_placement``, :func:`bigbird_global_spans`):
+  ``"ends"``, the authors' ITC, the first and last g/2 positions of the sequence padded to whole blocks
+  (causal: the first g/2 only); ``"start"``, the first g positions, as in longformer.
 
-  - ``"ends"``, the authors' ITC: the first g/2 and the last g/2 positions of the sequence padded to whole
-    blocks (num_blocks * b). With g = 2 b (the default; ITC's "g = 2" counted in blocks) these are the
-    first and the last block, as in the authors' code (google-research/bigbird, ``bigbird/core/
-    attention.py``: ``full_bigbird_mask`` sets rows and columns ``[:b]`` and ``[-b:]``;
-    ``bigbird_block_sparse_attention`` gives the first and last query blocks every key) and its Hugging
-    Face port (``BigBirdBlockSparseAttention``, which pads the input to whole blocks, so a partial last
-    block is global). Random blocks are drawn from the middle blocks only (neither global block).
-  - ``"start"``: the first g positions (two leading blocks for g = 2 b), as in longformer.
-
-  Causal BigBird keeps only what a prefix can know: with ``"ends"`` the global tokens are the first g/2
-  positions alone. A trailing global block would be rows that see every earlier key at positions that
-  depend on the total length, so a causal output would change when the sequence grows (the prefix
-  property) and a decoder, which does not know the final length, could not compute it.
-
-The patterns as objects, with their defaults, checks, blocked-path tiles and what a decoding cache keeps:
-:mod:`attention_zoo.sparse.patterns`.
+The patterns as objects (defaults, checks, tiles, decoding rule): :mod:`attention_zoo.sparse.patterns`.
 """
 
 from __future__ import annotations
@@ -178,7 +156,20 @@ def bigbird_random_blocks(
 def bigbird_global_spans(
     global_tokens: int, placement: GlobalPlacement, block_size: int, seq_len: int, causal: bool
 ) -> tuple[int, int]:
-    """(lead, trail_start): positions < lead and >= trail_start are global (see the module docstring)."""
+    """(lead, trail_start): positions < lead and >= trail_start are global.
+
+    ``"ends"``, the authors' ITC: the first g/2 and the last g/2 positions of the sequence padded to whole blocks
+    (num_blocks * b). With g = 2 b (the default; ITC's "g = 2" counted in blocks) these are the first and the
+    last block, as in the authors' code (google-research/bigbird, ``bigbird/core/attention.py``:
+    ``full_bigbird_mask`` sets rows and columns ``[:b]`` and ``[-b:]``; ``bigbird_block_sparse_attention`` gives
+    the first and last query blocks every key) and its Hugging Face port (``BigBirdBlockSparseAttention``, which
+    pads the input to whole blocks, so a partial last block is global). Random blocks are drawn from the middle
+    blocks only. ``"start"``: the first g positions (two leading blocks for g = 2 b), as in longformer.
+
+    Causal BigBird keeps only what a prefix can know: with ``"ends"`` the global tokens are the first g/2
+    positions alone. A trailing global block would be rows that see every earlier key at positions that depend
+    on the total length, so a causal output would change when the sequence grows (the prefix property) and a
+    decoder, which does not know the final length, could not compute it."""
     padded = -(-seq_len // block_size) * block_size
     if placement == "start":
         return global_tokens, padded

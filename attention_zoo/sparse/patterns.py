@@ -312,15 +312,14 @@ def _check_window(window: int) -> None:
 
 
 def _window_tile(window: int) -> int:
-    """Query tile for a band of w/2 each side: 64 rows when w is large (measured fastest at w = 256)."""
+    """Query tile for a band of w/2 each side: w/2 rows, within [8, 64] (a wide band amortises a larger tile)."""
     return min(64, max(8, window // 2))
 
 
 def _band_tile(window: int) -> int:
     """Query tile of the band kernel (L = T + w key slots per tile): 64 rows from w = 384 on, 32 from w = 128,
-    w/4 (at least 8) below: the faster tile at each window in ``experiments.bench.band_profile``'s runs, one
-    thread (``results/cpu_peers/band_profile.jsonl``); a larger tile runs larger products but
-    executes more of the band's edge columns."""
+    w/4 (at least 8) below. A larger tile runs larger products but executes more of the band's edge columns,
+    which a wide band makes a small share of its work (``zoo bench`` profiles the choice)."""
     return 64 if window >= 384 else min(32, max(8, window // 4))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from attention_zoo.sparse.band import Band, _Rows, band_attention
+from attention_zoo.sparse.band import Band, BandRows, band_attention
 from attention_zoo.sparse.patterns import LocalPattern
 from experiments.bench.measure import measure_peak_tflops
 from experiments.bench.paired_ratio import interleaved_seconds
@@ -55,7 +55,7 @@ def product_operands(n: int, band: Band) -> dict[str, tuple[torch.Tensor, torch.
     values as overlapping strided windows of one row buffer, scores (tiles, T, L), tiles (tiles, T, D)."""
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(1, HEADS, n, DIM_HEAD, generator=generator)
-    rows = _Rows(band, q)
+    rows = BandRows(band, q)
     queries = rows.queries(q)
     keys = rows.windows(rows.keys(q))
     scores = torch.randn(len(queries), band.tile, band.width, generator=generator)

@@ -1,9 +1,9 @@
 """What ``zoo bench`` measures: the sweep configuration (one dataclass, read from YAML and the command
 line alike) and its expansion into :class:`Case` objects, each one workload on one device.
 
-An attention entry is ``name`` or ``name:opt=value,opt=value`` (:mod:`experiments.attention_list`, as every
-command reads it), or in YAML a mapping ``{attention, options, min_seq_len, max_seq_len}``; the length bounds drop
-cases that make no sense for a config (Linformer Table 3 shows "-" where k >= n).
+An attention entry is a spec in the flag syntax of every command (``linformer:k=128``, :mod:`attention_zoo.spec`),
+or in YAML a mapping ``{attention, options, min_seq_len, max_seq_len}``; the length bounds drop cases that make no
+sense for a config (Linformer Table 3 shows "-" where k >= n).
 
 Levels: ``core`` (the mechanism alone), ``mha`` (with its projections), ``layer`` (an encoder layer),
 ``encoder`` (``depth`` layers with embeddings), ``seq2seq`` (an encoder-decoder,
@@ -18,7 +18,8 @@ of n positions: the per-token cost of decoding at position n (constant for a rec
 with n for a key/value cache), timed over ``measure.DECODE_STEPS_PER_CALL`` steps per call and reported per step.
 
 A sweep is checked before anything runs: every setting has its type and range (:class:`BenchConfig`),
-every entry is built (on the ``meta`` device: no memory) at the sizes it will run at
+every entry's name and options are checked against the registry (:meth:`attention_zoo.AttentionSpec.checked`) and
+the entry is built (on the ``meta`` device: no memory) at the sizes it will run at
 (:func:`invalid_entries`), and a sweep that expands to no case is refused by ``zoo bench``.
 """
 
@@ -37,7 +38,7 @@ import torch
 import yaml
 
 import attention_zoo as az
-from experiments import attention_list
+from attention_zoo.spec import parse_list
 
 Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
 Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute", "decode-step"]
@@ -51,36 +52,22 @@ DECODE_MODES: tuple[str, ...] = ("decode", "decode-recompute")
 
 
 @dataclass(frozen=True)
-class AttentionSpec:
-    """One mechanism configuration of a sweep, and the sequence lengths it applies to."""
+class SweepEntry:
+    """One mechanism of a sweep (``spec``), and the sequence lengths it applies to."""
 
-    attention: str
-    options: dict[str, Any] = field(default_factory=dict, hash=False)
+    spec: az.AttentionSpec
     min_seq_len: int = 1
     max_seq_len: int | None = None
-
-    @property
-    def label(self) -> str:
-        return attention_label(self.attention, self.options)
 
     def fits(self, n: int) -> bool:
         return self.min_seq_len <= n and (self.max_seq_len is None or n <= self.max_seq_len)
 
 
-def attention_label(attention: str, options: dict[str, Any]) -> str:
-    """``linformer:k=128``: the name people read in tables and plots."""
-    return attention + (":" + ",".join(f"{k}={v}" for k, v in options.items()) if options else "")
-
-
-def parse_attentions(text: str) -> list[AttentionSpec]:
-    """``"full,linformer:k=128,lsh:n_hashes=4,bucket_size=64"``, read by the parser of every command
-    (:func:`experiments.attention_list.parse_attentions`); an entry without options runs its mechanism's defaults."""
-    return [AttentionSpec(name, options or {}) for name, options in attention_list.parse_attentions(text)]
-
-
-def attention_spec(entry: str | dict[str, Any]) -> list[AttentionSpec]:
+def sweep_entries(entry: str | dict[str, Any]) -> list[SweepEntry]:
+    """The entries of one item of ``attentions``: specs in the flag syntax (``full,linformer:k=128``), or a YAML
+    mapping ``{attention, options, min_seq_len, max_seq_len}``."""
     if isinstance(entry, str):
-        return parse_attentions(entry)
+        return [SweepEntry(spec) for spec in parse_list(entry)]
     unknown = set(entry) - {"attention", "options", "min_seq_len", "max_seq_len"}
     if unknown or "attention" not in entry:
         raise ValueError(
@@ -90,7 +77,8 @@ def attention_spec(entry: str | dict[str, Any]) -> list[AttentionSpec]:
     bounds = [entry.get("min_seq_len", 1), entry.get("max_seq_len")]
     if not isinstance(entry.get("options", {}), dict) or not all(_is_a(b, int) for b in bounds if b is not None):
         raise ValueError(f"attention entry {entry!r}: options must be a mapping, min_seq_len and max_seq_len ints")
-    return [AttentionSpec(**entry)]
+    spec = az.AttentionSpec(entry["attention"], entry.get("options") or {})
+    return [SweepEntry(spec, *bounds)]
 
 
 def setting(help: str, default: Any) -> Any:
@@ -104,8 +92,10 @@ def setting(help: str, default: Any) -> Any:
 class BenchConfig:
     """Every setting of a sweep; YAML keys and ``--flag-names`` are these field names."""
 
-    attentions: list[AttentionSpec] = setting(
-        "mechanisms, e.g. full,linformer:k=128 (default: every registered one)", []
+    attentions: list[SweepEntry] = setting(
+        "mechanisms in the flag syntax of attention_zoo.spec, e.g. full,linformer:k=128 (default: every registered "
+        "one)",
+        [],
     )
     seq_lens: list[int] = setting("sequence lengths n", [512, 1024])
     batch: list[int] = setting("batch sizes", [1])
@@ -138,6 +128,8 @@ class BenchConfig:
     )
 
     def __post_init__(self) -> None:
+        # a spec alone is an entry of every length: BenchConfig(attentions=[az.AttentionSpec("full")])
+        self.attentions = [SweepEntry(e) if isinstance(e, az.AttentionSpec) else e for e in self.attentions]
         for spec in dataclasses.fields(self):
             _check_type(spec.name, getattr(self, spec.name), typing.get_type_hints(BenchConfig)[spec.name])
         for name, allowed in (("levels", LEVELS), ("modes", MODES), ("dtypes", DTYPES)):
@@ -201,30 +193,31 @@ def _is_a(value: Any, kind: type) -> bool:
 
 def invalid_entries(config: BenchConfig) -> list[str]:
     """One line per attention entry of the sweep that cannot run at all: an unknown name, an unknown or
-    ill-typed option, or options its mechanism rejects at every (heads, dim_head, seq_len) it applies to
-    (a size-dependent refusal, e.g. Linformer's k > n at the shortest n only, is recorded per case
-    instead). Entries that apply to no sequence length of the sweep are not checked: they do not run."""
+    ill-typed option (:meth:`attention_zoo.AttentionSpec.checked`), or options its mechanism rejects at every
+    (heads, dim_head, seq_len) it applies to (a size-dependent refusal, e.g. Linformer's k > n at the shortest n
+    only, is recorded per case instead). Entries that apply to no sequence length of the sweep are built at no
+    size: they do not run."""
     problems = []
-    for spec in config.attentions:
-        if spec.attention not in az.list_attentions():
-            problems.append(
-                f"{spec.label}: unknown attention {spec.attention!r}; known: {', '.join(az.list_attentions())}"
-            )
+    for entry in config.attentions:
+        try:
+            entry.spec.checked()
+        except ValueError as error:
+            problems.append(f"{entry.spec.label}: {error}")
             continue
-        sizes = itertools.product(config.heads, config.dim_head, [n for n in config.seq_lens if spec.fits(n)])
-        errors = [_build_error(spec, heads, dim_head, n) for heads, dim_head, n in sizes]
+        sizes = itertools.product(config.heads, config.dim_head, [n for n in config.seq_lens if entry.fits(n)])
+        errors = [_build_error(entry.spec, heads, dim_head, n) for heads, dim_head, n in sizes]
         if errors and all(errors):
-            problems.append(f"{spec.label}: {errors[0]}")
+            problems.append(f"{entry.spec.label}: {errors[0]}")
     return problems
 
 
-def _build_error(spec: AttentionSpec, heads: int, dim_head: int, n: int) -> str | None:
+def _build_error(spec: az.AttentionSpec, heads: int, dim_head: int, n: int) -> str | None:
     """Why the core cannot be built at this size (its ``ValueError``), or None if it can. Built on the
     ``meta`` device, so a large Linformer projection costs nothing; any other exception is the runner's
     to record, not a sign of bad options."""
     try:
         with torch.device("meta"):
-            az.create_attention(spec.attention, dim_head=dim_head, heads=heads, max_seq_len=n, **spec.options)
+            az.create_attention(spec.name, dim_head=dim_head, heads=heads, max_seq_len=n, **spec.options)
     except ValueError as error:
         return f"{error} (at heads={heads}, dim_head={dim_head}, n={n})"
     except Exception:  # not a verdict on the options: the runner records it per case
@@ -247,7 +240,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> BenchConf
     if "attentions" in values:
         entries = values["attentions"]
         entries = [entries] if isinstance(entries, str) else entries
-        values["attentions"] = [s for e in entries for s in attention_spec(e)]
+        values["attentions"] = [s for e in entries for s in sweep_entries(e)]
     return BenchConfig(**values)
 
 
@@ -274,8 +267,12 @@ class Case:
     kind: Kind = "time"
 
     @property
+    def spec(self) -> az.AttentionSpec:
+        return az.AttentionSpec(self.attention, self.options)
+
+    @property
     def label(self) -> str:
-        return attention_label(self.attention, self.options)
+        return self.spec.label
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -294,12 +291,12 @@ def expand(config: BenchConfig, device: str) -> list[Case]:
         if (mode in DECODE_MODES and level != "seq2seq") or (mode == "decode-step" and level != "core"):
             continue  # decoding needs a decoder, a decoding step a core (checked in BenchConfig)
         model = _model_fields(config, level, heads, dim_head)
-        for spec in config.attentions:
-            if not spec.fits(n):
+        for entry in config.attentions:
+            if not entry.fits(n):
                 continue
             common = dict(
-                attention=spec.attention,
-                options=dict(spec.options),
+                attention=entry.spec.name,
+                options=dict(entry.spec.options),
                 level=level,
                 mode=mode,
                 dtype=dtype,

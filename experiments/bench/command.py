@@ -2,15 +2,15 @@
 attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table layouts) + PNG + TensorBoard.
 
   zoo bench --attentions full,linformer:k=128 --seq-lens 512,1024 --mode fwd+bwd
-  zoo bench --config experiments/bench/configs/linformer_table3.yaml --out runs/linformer_table3
-  zoo bench --config experiments/bench/configs/decoding.yaml --out runs/decoding   (greedy decoding, cache vs not)
+  zoo bench --config configs/bench/linformer_table3.yaml --out runs/linformer_table3
+  zoo bench --config configs/bench/decoding.yaml --out runs/decoding   (greedy decoding, cache vs not)
   zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
 
 The targets are defined at fixed shapes: with ``--check-targets`` a sweep setting other than the mechanisms
 named, threads, repeats, warmup, rounds, the case timeout, isolation and the memory budget is refused.
 
 Every flag is also a YAML key of ``--config`` (underscores for dashes); flags win over the file. List
-flags take comma-separated values; a mechanism config is ``name:opt=value,opt=value``. Without
+flags take comma-separated values; ``--attentions`` takes the flag syntax of :mod:`attention_zoo.spec`. Without
 ``--attentions`` every registered mechanism runs, with its performance-target options where the
 project has a target for it, else its defaults, else its first example config (tiny: a test config).
 ``full`` (SDPA backend) is added as the baseline when the sweep lacks it. A rerun with the same
@@ -18,7 +18,7 @@ project has a target for it, else its defaults, else its first example config (t
 ``--rounds R`` measures the whole sweep R times, one round after another, and reports each case's fastest
 round: a case's repeats then span minutes of the machine's drift, as its baseline's do.
 ``--launcher ray`` spreads the cases over a Ray cluster, one timing case per device at a time
-(``experiments/ray_launcher.py``); the default ``local`` runs them one after another and never imports Ray.
+(``experiments/bench/ray_runs.py``); the default ``local`` runs them one after another and never imports Ray.
 
 Nothing runs (and ``--out`` is not created) until the whole sweep is valid: a bad setting, an entry its
 mechanism rejects at every size, or a sweep of no case at all ends ``zoo bench`` with exit code 2 and
@@ -41,7 +41,7 @@ from rich.markdown import Markdown
 
 import attention_zoo as az
 from experiments.bench import paired_targets, tables, targets
-from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, invalid_entries, load_config
+from experiments.bench.cases import BenchConfig, Case, SweepEntry, expand, invalid_entries, load_config
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner
 from experiments.bench.store import HalfWrittenLine, ResultStore
@@ -121,7 +121,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def default_attentions() -> list[AttentionSpec]:
+def default_attentions() -> list[az.AttentionSpec]:
     """One config per registered mechanism (see the module docstring for which)."""
     target_options = {t.attention: t.options for t in targets.TARGETS}
     specs = []
@@ -133,17 +133,17 @@ def default_attentions() -> list[AttentionSpec]:
             options = {}
         else:
             options = cls.example_configs[0]
-        specs.append(AttentionSpec(name, dict(options)))
+        specs.append(az.AttentionSpec(name, options))
     return specs
 
 
 def with_baseline(config: BenchConfig) -> BenchConfig:
     if not config.attentions:
-        config = dataclasses.replace(config, attentions=default_attentions())
-    if any(tables.is_baseline({"attention": s.attention, "options": s.options}) for s in config.attentions):
+        config = dataclasses.replace(config, attentions=[SweepEntry(spec) for spec in default_attentions()])
+    if any(tables.is_baseline({"attention": e.spec.name, "options": e.spec.options}) for e in config.attentions):
         return config
     console().print("adding full (SDPA backend) as the baseline")
-    return dataclasses.replace(config, attentions=[AttentionSpec("full"), *config.attentions])
+    return dataclasses.replace(config, attentions=[SweepEntry(az.AttentionSpec("full")), *config.attentions])
 
 
 def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConfig, list[Case], set[str] | None]:
@@ -162,10 +162,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
                 + ", ".join("--" + name.replace("_", "-") for name in sorted(TARGET_SETTINGS))
                 + "; zoo bench times other shapes"
             )
-        names = {s.attention for s in config.attentions} if "attentions" in overrides else None
-        unknown = sorted(n for n in names or () if n not in az.list_attentions())
-        if unknown:
-            raise ValueError(f"unknown attention(s) {unknown}; known: {', '.join(az.list_attentions())}")
+        names = {e.spec.checked().name for e in config.attentions} if "attentions" in overrides else None
         if not targets.selected(names):
             have = ", ".join(sorted({t.attention for t in targets.TARGETS}))
             raise ValueError(f"no performance target for {sorted(names or [])}; targets exist for: {have}")
@@ -179,12 +176,12 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
         )
     cases = expand(config, resolve_device(config.device))
     if not cases:
-        bounds = ", ".join(f"{s.label} [{s.min_seq_len}, {s.max_seq_len or 'any'}]" for s in config.attentions)
+        bounds = ", ".join(f"{e.spec.label} [{e.min_seq_len}, {e.max_seq_len or 'any'}]" for e in config.attentions)
         raise ValueError(f"the sweep has no case: no attention applies to seq_lens {config.seq_lens} ({bounds})")
-    for spec in config.attentions:
-        if not any(spec.fits(n) for n in config.seq_lens):
-            bounds = f"[{spec.min_seq_len}, {spec.max_seq_len or 'any'}]"
-            console().print(f"skipping {spec.label}: no n of seq_lens {config.seq_lens} lies in its {bounds}")
+    for entry in config.attentions:
+        if not any(entry.fits(n) for n in config.seq_lens):
+            bounds = f"[{entry.min_seq_len}, {entry.max_seq_len or 'any'}]"
+            console().print(f"skipping {entry.spec.label}: no n of seq_lens {config.seq_lens} lies in its {bounds}")
     return config, cases, names
 
 
@@ -241,6 +238,7 @@ def _main(args: argparse.Namespace) -> int:
     device = "cpu" if args.check_targets else resolve_device(config.device)
     if args.launcher == "ray" and not args.report_only:
         from experiments import ray_launcher
+        from experiments.bench import ray_runs
 
         try:  # before --out is created: Ray installed, reachable, one timing slot per device
             ray_launcher.connect(args.ray_address, bench_device=device)
@@ -260,7 +258,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{args.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.launcher == "ray" and not args.report_only:
-        ray_launcher.run_bench(
+        ray_runs.run_bench(
             config, store, device, cases, retry_failed=args.retry_failed, run_cpus=args.run_cpus or 1
         )
     elif not args.report_only:

@@ -68,6 +68,21 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
+def model_config(case: Case, n: int) -> az.ModelConfig:
+    """The model of a layer, encoder or seq2seq case over ``n`` positions, without dropout; a size the case
+    leaves out (a layer's vocabulary and depth) keeps the config's default."""
+    sizes = {name: value for name, value in (("vocab_size", case.vocab_size), ("depth", case.depth)) if value}
+    return az.ModelConfig(
+        max_seq_len=n,
+        dim=case.dim,
+        heads=case.heads,
+        dim_head=case.dim_head,
+        ff_mult=case.ff_mult,
+        attention=case.spec,
+        **sizes,
+    )
+
+
 def build_step(case: Case) -> Callable[[], None]:
     """One call of the workload in the case's mode (inputs and parameters are built here, untimed)."""
     # b: batch, h: heads, n: positions, d: head dim
@@ -93,34 +108,18 @@ def build_step(case: Case) -> Callable[[], None]:
         if case.level == "mha":
             model = az.MultiHeadAttention(case.dim, case.heads, max_seq_len=n, causal=case.causal, **attention)
         else:
-            model = EncoderLayer(
-                case.dim, case.heads, case.ff_mult, 0.0, max_seq_len=n, causal=case.causal, **attention
-            )
+            model = EncoderLayer(model_config(case, n), causal=case.causal)
         inputs = [torch.randn(b, n, case.dim, device=device, dtype=dtype, requires_grad=train)]
         forward = lambda: model(inputs[0])
         out_shape = (b, n, case.dim)
     elif case.level == "encoder":
-        model = az.TransformerEncoder(
-            case.vocab_size, case.dim, case.depth, case.heads, n, ff_mult=case.ff_mult, causal=case.causal, **attention
-        )
+        model = az.TransformerEncoder(model_config(case, n), causal=case.causal)
         inputs = []
         tokens = torch.randint(0, case.vocab_size, (b, n), device=device)
         forward = lambda: model(tokens)
         out_shape = (b, n, case.dim)
     else:  # seq2seq: n source tokens; teacher forcing over n target tokens, or greedy decoding of n tokens
-        model = Seq2SeqTransformer(
-            case.vocab_size,
-            n,
-            n,
-            dim=case.dim,
-            depth=case.depth,
-            heads=case.heads,
-            dim_head=case.dim_head,
-            ff_mult=case.ff_mult,
-            dropout=0.0,
-            attention=case.attention,
-            attention_options=case.options,
-        )
+        model = Seq2SeqTransformer(model_config(case, n))  # n source positions, n target positions
         inputs = []
         source, target = (torch.randint(3, case.vocab_size, (b, n), device=device) for _ in range(2))
         if case.mode in DECODE_MODES:

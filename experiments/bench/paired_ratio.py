@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -41,7 +42,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import attention_zoo as az
-from experiments.attention_list import parse_attentions
+from attention_zoo.spec import AttentionSpec, parse_list
 from experiments.bench.allocator import keep_freed_memory
 from experiments.bench.targets import SCALING_NS, SPEEDUP_N, TARGETS, Target
 from experiments.stats import summarize
@@ -115,27 +116,31 @@ def _with_interval(row: dict, numerators: list[float], denominators: list[float]
     return row
 
 
-def measure(
-    entries: list[tuple[str, dict]],
-    *,
-    seq_len: int,
-    causal: bool,
-    rounds: int,
-    blocks: int | None = None,
-    heads: int = 8,
-    dim_head: int = 64,
-    on_round: Callable[[], None] | None = None,
-) -> list[dict]:
+@dataclass(frozen=True)
+class PairedRounds:
+    """How the paired timings run: ``rounds`` interleaved rounds (their intervals over ``blocks``, as
+    :func:`paired_interval`) of cores with ``heads`` heads of width ``dim_head``; ``on_round`` after each round."""
+
+    causal: bool
+    rounds: int
+    blocks: int | None = None
+    heads: int = 8
+    dim_head: int = 64
+    on_round: Callable[[], None] | None = None
+
+
+def measure(entries: list[tuple[str, dict]], seq_len: int, plan: PairedRounds) -> list[dict]:
     """One row per entry (full first): min and max ms over the rounds, the speedup min(full) / min(it), and the
     rounds' paired speedups full / it: their geometric mean, its interval (over ``blocks``, as
     :func:`paired_interval`), and the verdict on the target."""
     torch.set_num_threads(1)
+    causal, rounds, blocks, heads, dim_head = plan.causal, plan.rounds, plan.blocks, plan.heads, plan.dim_head
     entries = [("full", {}), *entries]
     cores = [az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=seq_len, **options)
              for name, options in entries]  # fmt: skip
     inputs = _inputs(seq_len, heads, dim_head)
     steps = [_step(core, inputs, causal) for core in cores]
-    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
+    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=plan.on_round)
     rows = []
     for (name, options), times in zip(entries, seconds, strict=True):
         target = target_for(name, options, causal)
@@ -147,19 +152,11 @@ def measure(
     return rows
 
 
-def measure_scaling(
-    entries: list[tuple[str, dict]],
-    *,
-    causal: bool,
-    rounds: int,
-    blocks: int | None = None,
-    heads: int = 8,
-    dim_head: int = 64,
-    on_round: Callable[[], None] | None = None,
-) -> list[dict]:
+def measure_scaling(entries: list[tuple[str, dict]], plan: PairedRounds) -> list[dict]:
     """One row per entry: each mechanism at n = 2048 and 8192 (``SCALING_NS``), one after the other in every round;
     min(t(8192)) / min(t(2048)), and the rounds' paired ratios: their geometric mean, interval and verdict."""
     torch.set_num_threads(1)
+    causal, rounds, blocks, heads, dim_head = plan.causal, plan.rounds, plan.blocks, plan.heads, plan.dim_head
     short, long = SCALING_NS
     inputs = {n: _inputs(n, heads, dim_head) for n in (short, long)}
     steps = []
@@ -167,7 +164,7 @@ def measure_scaling(
         for n in (short, long):
             core = az.create_attention(name, dim_head=dim_head, heads=heads, max_seq_len=n, **options)
             steps.append(_step(core, inputs[n], causal))
-    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=on_round)
+    seconds = interleaved_seconds(steps, rounds, rewarm=True, on_round=plan.on_round)
     rows = []
     for index, (name, options) in enumerate(entries):
         at_short, at_long = seconds[2 * index], seconds[2 * index + 1]
@@ -214,7 +211,7 @@ def _interval_text(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--attentions", required=True, help="comma-separated entries, as zoo compare's")
+    parser.add_argument("--attentions", required=True, help="mechanisms in the flag syntax of attention_zoo.spec")
     parser.add_argument("--seq-len", type=int, default=4096, help="sequence length n (default 4096)")
     parser.add_argument("--causal", action="store_true", help="causal attention, against causal full")
     parser.add_argument("--scaling", action="store_true", help="t(8192) / t(2048) of each mechanism, not speedups")
@@ -235,27 +232,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.blocks < 1 or args.rounds % args.blocks:
         print(f"error: --blocks must be >= 1 and divide --rounds {args.rounds}, got {args.blocks}", file=sys.stderr)
         return 2
-    shape = dict(causal=args.causal, heads=args.heads, dim_head=args.dim_head, rounds=args.rounds, blocks=args.blocks)
     if args.keep_freed:
         try:
             keep_freed_memory()
         except RuntimeError as error:  # not glibc's malloc
             print(f"error: {error}", file=sys.stderr)
             return 2
-    try:  # an unknown mechanism or a bad option is refused when its core is built, before any timing
-        entries = [(name, options or {}) for name, options in parse_attentions(args.attentions)]
+    try:  # an unknown mechanism or option is refused here, a value its core rejects when built: before any timing
+        entries = [(spec.name, spec.options) for spec in (s.checked() for s in parse_list(args.attentions))]
         # on stderr and gone when done, so that the table on stdout stays what `tee` keeps
         with Progress(console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task("paired rounds", total=args.rounds)
-            shape["on_round"] = lambda: progress.advance(task)
-            rows = (measure_scaling(entries, **shape) if args.scaling
-                    else measure(entries, seq_len=args.seq_len, **shape))  # fmt: skip
+            plan = PairedRounds(args.causal, args.rounds, args.blocks, args.heads, args.dim_head,
+                                lambda: progress.advance(task))  # fmt: skip
+            rows = measure_scaling(entries, plan) if args.scaling else measure(entries, args.seq_len, plan)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for row in rows:
         row["allocator"] = "keep-freed" if args.keep_freed else "default"
-        label = row["attention"] + (f" {row['options']}" if row["options"] else "") + (" causal" * row["causal"])
+        label = AttentionSpec(row["attention"], row["options"]).label + (" causal" * row["causal"])
         if args.scaling:
             print(f"{label:48s} {row['ms_min_short']:8.1f} -> {row['ms_min_long']:8.1f} ms  {row['scaling']:5.2f}  "
                   + _interval_text(row))  # fmt: skip

@@ -106,17 +106,16 @@ def run(
             todo.append((kind, causal, group))
     if todo and keep_freed:
         keep_freed_memory()
-    shape = dict(rounds=rounds, blocks=blocks, heads=heads, dim_head=dim_head)
     with Progress(console=console or Console(stderr=True), transient=True) as progress:
         for kind, causal, group in todo:
             label = f"paired {kind}{' (causal)' if causal else ''}"
             task = progress.add_task(label, total=rounds)
             on_round: Callable[[], None] = lambda task=task: progress.advance(task)
+            plan = paired_ratio.PairedRounds(causal, rounds, blocks, heads, dim_head, on_round)
             if kind == "speed":
-                rows = paired_ratio.measure(group, seq_len=SPEEDUP_N, causal=causal, on_round=on_round,
-                                            **shape)  # fmt: skip
+                rows = paired_ratio.measure(group, SPEEDUP_N, plan)
             else:
-                rows = paired_ratio.measure_scaling(group, causal=causal, on_round=on_round, **shape)
+                rows = paired_ratio.measure_scaling(group, plan)
             rows = [{"allocator": allocator, "kind": kind, **row} for row in rows]  # the speed groups' full kept too
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as file:  # a group at a time: an interruption keeps the groups measured

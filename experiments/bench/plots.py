@@ -1,6 +1,7 @@
 """Figures of a sweep: log-log PNGs of time and memory against n (one line per mechanism, one file per
 setting) and TensorBoard scalars with n as the step, so ``tensorboard --logdir <out>/tensorboard``
-overlays the mechanisms (one run each) on one chart per setting and quantity."""
+overlays the mechanisms (one run each, in the folder ``AttentionSpec.folder`` names: ``linformer-k=128``) on
+one chart per setting and quantity."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
 
-from experiments.bench.tables import Row, by_config, group_rows, group_title  # noqa: E402
+from experiments.bench.tables import Row, by_config, group_rows, group_title, spec  # noqa: E402
 
 QUANTITIES = (("time_ms_median", "time (ms, median)"), ("peak_mb", "peak memory (MB)"))
 
@@ -66,8 +67,9 @@ def write_tensorboard(rows: list[Row], log_dir: Path) -> Path:
     writers: dict[str, SummaryWriter] = {}
     for key, members in group_rows(rows).items():
         tag = slug(group_title(key))
-        for name, per_n in by_config(members).items():
-            writer = writers.setdefault(name, SummaryWriter(str(log_dir / slug(name))))
+        for per_n in by_config(members).values():
+            folder = spec(next(iter(per_n.values()))).folder  # one run per mechanism: linformer-k=128
+            writer = writers.setdefault(folder, SummaryWriter(str(log_dir / folder)))
             for n, row in sorted(per_n.items()):
                 if row["status"] != "ok":
                     continue

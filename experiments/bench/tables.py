@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from experiments.bench.cases import attention_label
+from attention_zoo.spec import AttentionSpec
 
 GROUP_FIELDS = ("level", "mode", "dtype", "device", "threads", "heads", "dim_head", "dim", "depth", "ff_mult")
 GROUP_FIELDS += ("vocab_size", "causal", "batch")
@@ -33,8 +33,14 @@ GROUP_FIELDS += ("vocab_size", "causal", "batch")
 Row = dict[str, Any]
 
 
+def spec(row: Row) -> AttentionSpec:
+    """The mechanism a row measured."""
+    return AttentionSpec(row["attention"], row["options"])
+
+
 def label(row: Row) -> str:
-    return attention_label(row["attention"], row["options"])
+    """``linformer:k=128``: the name people read in tables and plots (the flag syntax)."""
+    return spec(row).label
 
 
 def is_baseline(row: Row) -> bool:

@@ -32,6 +32,7 @@ from typing import Any
 from rich.table import Table
 
 import attention_zoo as az
+from attention_zoo.spec import AttentionSpec
 from experiments.bench.cases import Case
 
 SPEEDUP_N, SCALING_NS = 4096, (2048, 8192)
@@ -145,18 +146,19 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
     rounds = max((row.get("rounds", 1) for row in rows.values() if row.get("status") == "ok"), default=1)
     fastest = f"min of {rounds} rounds" if rounds > 1 else "min"
     table = Table(title=f"performance targets (CPU, {threads} thread(s), core fwd+bwd, B=1 H=8 D=64 fp32, {fastest})")
-    headers = ("attention", "options", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target")
+    headers = ("attention", "spec", "full ms", "ms", "speedup", "target", "t(8192)/t(2048)", "target")
     more = ("mem(8192)/mem(2048)", "target", "step(4096)/step(256)", "target", "of peak", "target", "met")
     for header in (*headers, *more):
         table.add_column(header)
     for target in selected(names):
         label = target.attention + (" (causal)" if target.causal else "")
+        spec = AttentionSpec(target.attention, target.options).label  # as --attentions takes it
         full_ms = measured(target, SPEEDUP_N, "time_ms_min", attention="full")
         ms = measured(target, SPEEDUP_N, "time_ms_min")
         if ms is None or full_ms is None:
             case = protocol_case(target.attention, target.options, SPEEDUP_N, threads, target.causal)
             status = rows.get(case.key(), {}).get("status", "-")
-            table.add_row(label, str(target.options), *["-"] * 12, status)
+            table.add_row(label, spec, *["-"] * 12, status)
             continue
         speedup = full_ms / ms
         met = target.min_speedup is None or speedup >= target.min_speedup
@@ -182,7 +184,7 @@ def targets_table(rows: dict[str, dict[str, Any]], names: set[str] | None, threa
             met = met and achieved is not None and achieved >= target.min_peak_fraction
         table.add_row(
             label,
-            str(target.options),
+            spec,
             f"{full_ms:.1f}",
             f"{ms:.1f}",
             f"{speedup:.2f}x",

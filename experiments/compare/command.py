@@ -8,12 +8,14 @@ compare accuracy, throughput and peak memory, all measured in the same training 
 Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
 sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies.
 
-``--attentions`` is a comma-separated list; ``name:opt=value`` starts an entry with options and further
-``opt=value`` items, after a comma or a colon, add to it (``linformer:k=32,sharing=kv,local:window=16``, or
-``nystrom:num_landmarks=8:pinv=exact``); values are taken as typed (:mod:`experiments.attention_list`, the one
-parser of every command's list). An entry without options takes them from the config's ``options`` section, else the
-mechanism's defaults. Without ``--attentions``, the config's ``attentions`` list, else every registered mechanism
-that takes padding masks. The same mechanism with the same options listed twice (in any order) is refused.
+``--attentions`` is a list in the flag syntax of every command (``full,linformer:k=32,sharing=kv,local:window=16``;
+written out once, with how values are typed, in :mod:`attention_zoo.spec`). An entry without options takes them
+from the config's ``options`` section, else the mechanism's defaults. Without ``--attentions``, the config's
+``attentions`` list, else every registered mechanism that takes padding masks. Each entry is checked against the
+registry (:meth:`attention_zoo.AttentionSpec.checked`) before anything else: an unknown name or option is refused
+in one line naming what is allowed. The same mechanism with the same options listed twice (in any order) is
+refused. A mechanism listed once runs in the folder of its name; one listed more than once runs in
+``AttentionSpec.folder``'s (``linformer-k=32-sharing=kv``, ``linformer-defaults`` without options).
 ``--control`` adds the no-attention control arm, the registered core ``self_only`` (each position attends only to
 itself), as if it were listed by name, unless the list has it. Arguments after ``--`` go to every ``zoo fit``. Every
 entry is built (model and data module, no training) before anything runs: a bad name or option stops the comparison
@@ -58,7 +60,7 @@ run) and exits with 130. One command at a time per experiment: a second one stop
 (``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock that another host holds).
 
 ``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
-the cluster at ``--ray_address`` (``experiments/ray_launcher.py``); the default ``local`` never imports Ray.
+the cluster at ``--ray_address`` (``experiments/compare/ray_runs.py``); the default ``local`` never imports Ray.
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ from jsonargparse.typing import Path_fr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
-from experiments.attention_list import parse_attentions
+from attention_zoo.spec import AttentionSpec, parse_entries
 from experiments.compare import preload
 from experiments.compare.lock import ExperimentLocked, experiment_lock
+from experiments.compare.ray_runs import LAUNCHER_SETTINGS, run_compare
 from experiments.compare.runs import (
     METRIC_STAGES,
     RUN_RECORD,
@@ -93,6 +96,7 @@ from experiments.compare.runs import (
     Run,
     RunSettings,
     attempt,
+    attention_arguments,
     is_finished,
     is_tested,
     resolve_shown,
@@ -104,13 +108,15 @@ from experiments.compare.summary import (
     CORE_METRICS,
     format_interval,
     metric_columns,
+    plot,
     primary_metric,
     print_table,
-    write_outputs,
+    write_runs,
+    write_summary,
 )
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
-from experiments.ray_launcher import LAUNCHER_SETTINGS, RayLauncherError, connect, require_ray
+from experiments.ray_launcher import RayLauncherError, connect, require_ray
 
 #: the task configs: ``configs/`` of the repository, which ``experiments/configs`` links to, so that a wheel ships
 #: them as package data of ``experiments`` and an installed ``zoo compare`` finds its default where it is installed
@@ -140,7 +146,7 @@ def build_parser() -> ArgumentParser:
         "--attentions",
         type=str | None,
         default=None,
-        help="comma-separated; name:opt=value[,opt=value] sets options, e.g. full,linformer:k=32,sharing=kv",
+        help="mechanisms in the flag syntax of attention_zoo.spec, e.g. full,linformer:k=32,sharing=kv",
     )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
     parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
@@ -208,34 +214,36 @@ def default_attentions() -> list[str]:
 
 
 def plan(attentions: str | None, options: dict[str, dict[str, Any]], *, control: bool = False) -> list[Entry]:
-    """The mechanisms, in order; ``control`` adds the control arm (:data:`CONTROL`, as if listed by name) unless
-    the list has it. Raises ValueError for an unknown name or a repeated entry."""
-    requested = parse_attentions(attentions) if attentions is not None else [(n, None) for n in default_attentions()]
+    """The mechanisms, in order, each checked against the registry; ``control`` adds the control arm
+    (:data:`CONTROL`, as if listed by name) unless the list has it. Raises ValueError, one line, for an unknown
+    name or option (every bad entry named) or a repeated entry."""
+    requested = parse_entries(attentions) if attentions is not None else [(n, None) for n in default_attentions()]
     if control and all(name != CONTROL for name, _ in requested):
         requested.append((CONTROL, None))
-    entries = []
-    unknown = [name for name, _ in requested if name not in az.list_attentions()]
-    if unknown:
-        raise ValueError(
-            f"unknown attention(s) {', '.join(map(repr, unknown))}; known: {', '.join(az.list_attentions())}"
-        )
-    for name, given in requested:
-        if given is not None:
-            entries.append(Entry(name, given, "command line"))
+    given = []
+    for name, listed in requested:
+        if listed is not None:
+            given.append((AttentionSpec(name, listed), "command line"))
         elif name in options:
-            entries.append(Entry(name, dict(options[name]), "config"))
+            given.append((AttentionSpec(name, options[name]), "config"))
         else:
-            entries.append(Entry(name, {}, "defaults"))
-    for entry in entries:
-        twins = [e for e in entries if e.attention == entry.attention]
-        options_text = "-".join(f"{k}={v}" for k, v in entry.options.items())
-        entry.label = entry.attention if len(twins) == 1 else f"{entry.attention}-{options_text or 'defaults'}"
-    seen: dict[tuple, str] = {}
-    for entry in entries:  # the same options in another order are the same entry
-        key = (entry.attention, tuple(sorted((k, repr(v)) for k, v in entry.options.items())))
-        if key in seen or entry.label in seen.values():
-            raise ValueError(f"--attentions lists the same mechanism and options twice: {entry.label}")
-        seen[key] = entry.label
+            given.append((AttentionSpec(name), "defaults"))
+    problems = []
+    for spec, _ in given:
+        try:
+            spec.checked()
+        except ValueError as error:
+            problems.append(str(error))
+    if problems:
+        raise ValueError("; ".join(dict.fromkeys(problems)))
+    entries, seen = [], set()
+    for spec, options_from in given:
+        twins = sum(other.name == spec.name for other, _ in given)
+        label = spec.name if twins == 1 else (spec.folder if spec.options else f"{spec.name}-defaults")
+        if spec in seen or label in (e.label for e in entries):  # equal specs: the same options in any order
+            raise ValueError(f"--attentions lists the same mechanism and options twice: {label}")
+        seen.add(spec)
+        entries.append(Entry(spec, options_from, label))
     return entries
 
 
@@ -244,7 +252,7 @@ def reference_problem(reference: str | None, entries: list[Entry]) -> str | None
     entry's label, or the mechanism of exactly one entry (as the summary finds it)."""
     if reference is None or any(e.label == reference for e in entries):
         return None
-    named = [e.label for e in entries if e.attention == reference]
+    named = [e.label for e in entries if e.spec.name == reference]
     if len(named) == 1:
         return None
     if named:
@@ -311,8 +319,7 @@ def check_entries(
         logger.setLevel(logging.ERROR)
     try:
         for entry in entries:
-            argv = ["-c", task_config, "--model.attention", entry.attention, "--model.attention_options",
-                    yaml.safe_dump(entry.options, default_flow_style=True).strip(), *fit_args]  # fmt: skip
+            argv = ["-c", task_config, *attention_arguments(entry.spec), *fit_args]
             try:
                 with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                     _, data = build(argv, exit_on_error=False)
@@ -418,10 +425,10 @@ def main(argv: list[str]) -> int:
     """``zoo compare``; a refused setting (jsonargparse's errors and the checks below, all raised as
     ``ArgumentError`` before anything is written) is one ``zoo compare: error:`` line, exit code 2; a bare
     ``--verbose`` or ``ZOO_VERBOSE=1`` prints the parser's full message first."""
-    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, _take_verbose, parser_error_line
+    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, parser_error_line, take_verbose
 
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    (own, verbose), (fit_extra, fit_verbose) = _take_verbose(own), _take_verbose(fit_extra)
+    (own, verbose), (fit_extra, fit_verbose) = take_verbose(own), take_verbose(fit_extra)
     verbose = verbose or fit_verbose  # a bare --verbose is no zoo fit option: after -- it asks this command too
     try:
         with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
@@ -543,8 +550,6 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
     metric_check = MetricCheck(config.metric)
     try:
         if config.launcher == "ray":
-            from experiments.ray_launcher import run_compare
-
             for run in done:  # finished earlier: the metric is checked before anything is sent to Ray
                 metric_check(run, _unrun_row(run, directory, config.test))
             if not metric_check.problem:
@@ -598,7 +603,9 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
         "in use when training started; fit_s: Trainer.fit wall time",
     ]
-    summary = write_outputs(directory, rows, header, metric=metric, reference=reference, margin=config.margin)
+    write_runs(directory, rows)
+    summary = write_summary(directory, rows, header, metric=metric, reference=reference, margin=config.margin)
+    plot(summary, metric or primary_metric(rows), directory, directory.name)
     write_layout(directory, sorted({f"val/{k[4:]}" for r in rows for k in r if k.startswith("val_")}))
     print_table(summary, metric, out)
     written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"

@@ -1,4 +1,4 @@
-"""``zoo`` runs started from a process that has already imported torch and Lightning.
+"""``zoo fit`` / ``zoo test`` runs started from a process that has already imported torch and Lightning.
 
 A ``zoo fit`` process spends seconds importing torch, Lightning and torchmetrics before it reads its config, and
 a comparison starts one per run. Here each run is forked from a multiprocessing forkserver that imported those
@@ -7,7 +7,8 @@ fork of this threaded process, and it runs no torch operation, so no thread pool
 process of its own in its own session (SIGINT from the terminal reaches only this parent, which stops the run),
 with its output appended to its log and ``threads`` torch threads; a crash, an out-of-memory kill or an
 interrupt stays in that run, as with a subprocess. Without the ``forkserver`` start method (Windows) a run is a
-plain ``python -m experiments.cli`` subprocess.
+plain ``python -m experiments.cli`` subprocess. Only the task commands (:data:`TASK_COMMANDS`) start here: the
+forked run calls :func:`tasks.cli.run`, so this package never imports the ``zoo`` command table above it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Protocol
 #: ``experiments.cli``: a child started from ``python -m experiments.cli`` re-runs its main module, which runpy
 #: warns about when that module is already imported
 PRELOADED = ["tasks.cli"]
+#: the ``zoo`` commands a run may be: those of :mod:`tasks.cli`
+TASK_COMMANDS = ("fit", "validate", "test")
 
 _context: multiprocessing.context.BaseContext | None = None
 
@@ -45,7 +48,10 @@ class RunProcess(Protocol):
 
 
 def start(args: list[str], log: Path, env: dict[str, str], threads: int) -> RunProcess:
-    """Start ``zoo <args>`` with ``env`` as its environment, stdout and stderr appended to ``log``."""
+    """Start ``zoo <args>`` (``args[0]`` one of :data:`TASK_COMMANDS`) with ``env`` as its environment, stdout
+    and stderr appended to ``log``."""
+    if not args or args[0] not in TASK_COMMANDS:
+        raise ValueError(f"a run is zoo {' | '.join(TASK_COMMANDS)} <args>, got zoo {' '.join(args)!r}")
     if "forkserver" not in multiprocessing.get_all_start_methods():
         with open(log, "a") as out:
             command = [sys.executable, "-m", "experiments.cli", *args]
@@ -88,10 +94,10 @@ def _zoo(args: list[str], log: str, env: dict[str, str], threads: int) -> None:
 
     import torch
 
-    from experiments.cli import main
+    from tasks.cli import run
 
     torch.set_num_threads(threads)  # the forkserver imported torch before OMP_NUM_THREADS of this run was set
-    sys.exit(main(args))
+    sys.exit(run(args[0], args[1:]))
 
 
 class ForkedRun:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import attention_zoo as az
 from experiments.compare import preload
 from experiments.machine_paths import CHECKOUT, is_site_folder, machine_folders, portable_text
 from tasks.callbacks import RUN_RECORD, read_json_record
@@ -38,14 +39,28 @@ from tasks.callbacks import RUN_RECORD, read_json_record
 PATH_FILES = ("fit.log", "test.log", RUN_RECORD, "config.yaml", "hparams.yaml")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Entry:
-    """One mechanism with its options; ``label`` names its directory and its summary row."""
+    """One mechanism with its options (``spec``), where the options came from (``command line``, ``config`` or
+    ``defaults``), and ``label``, which names its directory and its summary row: the mechanism's name when it is
+    listed once, else ``spec.folder`` (``name-defaults`` for its twin without options)."""
 
-    attention: str
-    options: dict[str, Any]
+    spec: az.AttentionSpec
     options_from: str
-    label: str = ""
+    label: str
+
+
+def attention_arguments(spec: az.AttentionSpec) -> list[str]:
+    """The ``zoo fit`` arguments that give the task ``spec`` (its ``hparams()``): the name, and the options as one
+    JSON object, which the task's parser reads back with their types (JSON is YAML's flow syntax; a string option
+    is quoted, so ``8:10`` or ``yes`` stay strings)."""
+    hparams = spec.hparams()
+    # ensure_ascii=False: an option beyond the Basic Multilingual Plane (🐍) would be written as a surrogate
+    # pair (\ud83d\udc0d), which the YAML reader of jsonargparse reads as two broken characters
+    return [
+        "--model.attention", hparams["attention"],
+        "--model.attention_options", json.dumps(hparams["attention_options"], ensure_ascii=False),
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -160,8 +175,7 @@ def fit_command(
     command = [
         subcommand, "-c", task_config,
         "--seed_everything", str(run.seed),
-        "--model.attention", run.entry.attention,
-        "--model.attention_options", json.dumps(run.entry.options, ensure_ascii=False),
+        *attention_arguments(run.entry.spec),
         "--trainer.logger", json.dumps(logger, ensure_ascii=False),
         "--trainer.enable_progress_bar", "false",
     ]  # fmt: skip
@@ -334,8 +348,8 @@ def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reaso
     metrics = {k: v for k, v in record.get("metrics", {}).items() if isinstance(v, (int, float))}
     row = {
         "mechanism": run.entry.label,
-        "attention": run.entry.attention,
-        "options": json.dumps(run.entry.options),
+        "attention": run.entry.spec.name,
+        "options": json.dumps(run.entry.spec.options),
         "options_from": run.entry.options_from,
         "seed": run.seed,
         "status": status,

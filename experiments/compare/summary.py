@@ -203,23 +203,10 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> Non
         writer.writerows(rows)
 
 
-def write_outputs(
-    directory: Path,
-    rows: list[dict[str, Any]],
-    header: list[str],
-    *,
-    metric: str | None = None,
-    reference: str = "full",
-    margin: float | None = None,
-) -> list[dict[str, Any]]:
-    """``runs.csv`` (one row per run), ``summary.csv`` (one per mechanism), ``summary.md``, the plots."""
-    metric = metric or primary_metric(rows)
+def write_runs(directory: Path, rows: list[dict[str, Any]]) -> None:
+    """``runs.csv``: one row per run, the run columns first, then every metric a run has."""
     columns = metric_columns(rows)
-    run_columns = [*RUN_COLUMNS, *(c for c in columns if c not in RUN_COLUMNS)]
-    write_csv(directory / "runs.csv", rows, run_columns)
-    summary = write_summary(directory, rows, header, metric=metric, reference=reference, margin=margin)
-    plot(summary, metric, directory, directory.name)
-    return summary
+    write_csv(directory / "runs.csv", rows, [*RUN_COLUMNS, *(c for c in columns if c not in RUN_COLUMNS)])
 
 
 def write_summary(

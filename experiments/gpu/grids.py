@@ -8,7 +8,7 @@ d = 64, against the raw SDPA flash kernel at every length.
 - ``linformer``: Linformer Table 3's projected dimensions k = 128 ... 2048 (Wang et al. 2020,
   arXiv:2006.04768), forward, n = 512 ... 65536, each k from n = 2k as in the paper's table.
 
-The committed CPU configs (``experiments/bench/configs/nystromformer_table.yaml``, ``linformer_table3.yaml``)
+The committed CPU configs (``configs/bench/nystromformer_table.yaml``, ``linformer_table3.yaml``)
 measure the ``mha`` and ``encoder`` levels in fp32/fp16 with a 30-minute max-batch search; those settings do not fit a
 GPU session of minutes, so these grids time the cores alone at a fixed batch.
 """
@@ -16,26 +16,35 @@ GPU session of minutes, so these grids time the cores alone at a fixed batch.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import attention_zoo as az
+from attention_zoo import AttentionSpec
 from experiments.bench import command as bench
-from experiments.gpu.measure import RAW_SDPA, Workload
+from experiments.gpu.measure import RAW_SDPA_FLASH, Workload
 
 
 @dataclass(frozen=True)
-class Entry:
-    attention: str
-    options: dict[str, Any] = field(default_factory=dict)
-    smoke_options: dict[str, Any] | None = None  # None: the same options
+class GridEntry:
+    """A mechanism of a grid (``spec``), its smaller options in a smoke run (None: the same), and the shortest
+    length it is timed at."""
+
+    spec: AttentionSpec
+    smoke_options: dict[str, Any] | None = None
     min_seq_len: int = 1
+
+    def at(self, smoke: bool) -> AttentionSpec:
+        """The spec a run times: with its smoke options in a smoke run."""
+        return (
+            self.spec if not smoke or self.smoke_options is None else AttentionSpec(self.spec.name, self.smoke_options)
+        )
 
 
 @dataclass(frozen=True)
 class Grid:
     name: str
-    entries: tuple[Entry, ...]
+    entries: tuple[GridEntry, ...]
     seq_lens: tuple[int, ...]
     modes: tuple[str, ...]
     smoke_seq_lens: tuple[int, ...] = (64, 128)
@@ -49,23 +58,23 @@ class Grid:
                 for entry in self.entries:
                     if n < entry.min_seq_len and not smoke:
                         continue
-                    options = entry.options if not smoke or entry.smoke_options is None else entry.smoke_options
-                    out.append(dataclasses.replace(base, attention=entry.attention, options=dict(options),
-                                                   seq_len=n, mode=mode))  # fmt: skip
+                    out.append(dataclasses.replace(base, spec=entry.at(smoke), seq_len=n, mode=mode))
         return out
 
 
-BASELINES = (Entry(RAW_SDPA, {"backend": "flash"}), Entry("full"))
+BASELINES = (GridEntry(RAW_SDPA_FLASH), GridEntry(AttentionSpec("full")))
 
 
 def registry_grid(smoke: bool) -> Grid:
     """Every registered mechanism once: its ``zoo bench`` default (smoke: its first example config)."""
     if smoke:
-        entries = [Entry(n, dict(az.get_attention_class(n).example_configs[0])) for n in az.list_attentions()]
+        entries = [
+            GridEntry(AttentionSpec(n, az.get_attention_class(n).example_configs[0])) for n in az.list_attentions()
+        ]
     else:
-        entries = [Entry(spec.attention, spec.options) for spec in bench.default_attentions()]
+        entries = [GridEntry(spec) for spec in bench.default_attentions()]
     if not smoke:  # the xformers backend of full attention, where the package is there
-        entries.append(Entry("full", {"backend": "xformers"}))
+        entries.append(GridEntry(AttentionSpec("full", {"backend": "xformers"})))
     return Grid("registry", (BASELINES[0], *entries), (8192,), ("fwd+bwd",), smoke_seq_lens=(64,))
 
 
@@ -73,11 +82,11 @@ NYSTROMFORMER = Grid(
     "nystromformer",
     (
         *BASELINES,
-        Entry("linformer", {"k": 256}, {"k": 32}),
-        Entry("longformer", {"window": 256}, {"window": 16}),
-        Entry("local", {"window": 256}, {"window": 16}),
-        Entry("nystrom", {"num_landmarks": 64}, {"num_landmarks": 16}),
-        Entry("nystrom", {"num_landmarks": 32}, {"num_landmarks": 8}),
+        GridEntry(AttentionSpec("linformer", {"k": 256}), {"k": 32}),
+        GridEntry(AttentionSpec("longformer", {"window": 256}), {"window": 16}),
+        GridEntry(AttentionSpec("local", {"window": 256}), {"window": 16}),
+        GridEntry(AttentionSpec("nystrom", {"num_landmarks": 64}), {"num_landmarks": 16}),
+        GridEntry(AttentionSpec("nystrom", {"num_landmarks": 32}), {"num_landmarks": 8}),
     ),
     (512, 1024, 2048, 4096, 8192, 16384, 32768),
     ("fwd", "fwd+bwd"),
@@ -88,7 +97,9 @@ LINFORMER_TABLE3 = Grid(
     (
         *BASELINES,
         *(
-            Entry("linformer", {"k": k, "sharing": "layerwise"}, {"k": 16, "sharing": "layerwise"}, 2 * k)
+            GridEntry(
+                AttentionSpec("linformer", {"k": k, "sharing": "layerwise"}), {"k": 16, "sharing": "layerwise"}, 2 * k
+            )
             for k in (128, 256, 512, 1024, 2048)
         ),  # fmt: skip
     ),

@@ -19,31 +19,32 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import attention_zoo as az
 from experiments.bench import flops
 from experiments.bench.cases import Case
 from experiments.bench.measure import build_step, classify, time_calls
 
-#: the label of the raw ``F.scaled_dot_product_attention`` baseline in results
+#: the name of the raw ``F.scaled_dot_product_attention`` baseline in results, and the baseline itself
 RAW_SDPA = "sdpa"
+RAW_SDPA_FLASH = az.AttentionSpec(RAW_SDPA, {"backend": "flash"})
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                  "math": SDPBackend.MATH}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Workload:
-    """A core of the registry (``attention``) or the raw SDPA baseline (``attention == "sdpa"``, option
-    ``backend``), B x H heads of n positions and width d."""
+    """A core of the registry (``spec``) or the raw SDPA baseline (``spec.name == "sdpa"``, option ``backend``),
+    B x H heads of n positions and width d."""
 
-    attention: str
+    spec: az.AttentionSpec
     seq_len: int
-    options: dict[str, Any] = field(default_factory=dict)
     mode: Literal["fwd", "fwd+bwd"] = "fwd+bwd"
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     device: str = "cuda"
@@ -54,11 +55,16 @@ class Workload:
 
     @property
     def label(self) -> str:
-        return self.attention + "".join(f" {k}={v}" for k, v in self.options.items())
+        return self.spec.label
+
+    def row(self) -> dict[str, Any]:
+        """The workload as a results row names it: ``label``, ``attention``, ``options`` and the sizes."""
+        sizes = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "spec"}
+        return {"label": self.label, "attention": self.spec.name, "options": dict(self.spec.options)} | sizes
 
     def case(self) -> Case:
-        attention = "full" if self.attention == RAW_SDPA else self.attention
-        options = {} if self.attention == RAW_SDPA else dict(self.options)
+        attention = "full" if self.spec.name == RAW_SDPA else self.spec.name
+        options = {} if self.spec.name == RAW_SDPA else dict(self.spec.options)
         return Case(attention, options, "core", self.mode, self.dtype, self.device, self.seq_len, self.batch,
                     self.heads, self.dim_head, threads=torch.get_num_threads(), causal=self.causal)  # fmt: skip
 
@@ -69,7 +75,7 @@ class Workload:
 
 def raw_sdpa_step(workload: Workload) -> Callable[[], None]:
     """One call of ``F.scaled_dot_product_attention`` restricted to the workload's ``backend`` option."""
-    backend = SDPA_BACKENDS[workload.options.get("backend", "flash")]
+    backend = SDPA_BACKENDS[workload.spec.options.get("backend", "flash")]
     train = workload.mode == "fwd+bwd"
     shape = (workload.batch, workload.heads, workload.seq_len, workload.dim_head)
     dtype = getattr(torch, workload.dtype)
@@ -88,7 +94,7 @@ def raw_sdpa_step(workload: Workload) -> Callable[[], None]:
 
 def _time_and_peak(workload: Workload, warmup: int, repeats: int) -> tuple[list[float], int | None]:
     torch.manual_seed(0)
-    step = raw_sdpa_step(workload) if workload.attention == RAW_SDPA else build_step(workload.case())
+    step = raw_sdpa_step(workload) if workload.spec.name == RAW_SDPA else build_step(workload.case())
     seconds = time_calls(step, warmup, repeats, workload.device)
     if workload.device != "cuda":
         return seconds, None
@@ -103,7 +109,7 @@ def _time_and_peak(workload: Workload, warmup: int, repeats: int) -> tuple[list[
 def measure(workload: Workload, *, warmup: int, repeats: int, peak_tflops: float | None = None,
             bandwidth_gbs: float | None = None) -> dict[str, Any]:  # fmt: skip
     """The workload's time, memory and floor, or the status that stopped it (never raises)."""
-    row: dict[str, Any] = {"label": workload.label} | dataclasses.asdict(workload)
+    row = workload.row()
     try:
         seconds, peak_bytes = _time_and_peak(workload, warmup, repeats)
     except Exception as exc:  # one failing workload never stops the suite

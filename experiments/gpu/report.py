@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.gpu.measure import RAW_SDPA
+from experiments.gpu.measure import RAW_SDPA, RAW_SDPA_FLASH
 from experiments.records import checked_json_lines
 
 ENV_FIELDS = ("name", "capability", "sm_count", "l2_mb", "memory_gib", "driver", "cuda", "torch", "triton",
@@ -35,7 +35,7 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     "measure": ("grid", "label", "mode", "seq_len", "status"),
     "compare": ("summary_md",),
 }
-FLASH, FULL = f"{RAW_SDPA} backend=flash", "full"
+FLASH, FULL = RAW_SDPA_FLASH.label, "full"
 
 
 def crossovers(rows: list[dict[str, Any]], grid: str, baseline: str = FLASH) -> list[list[Any]]:

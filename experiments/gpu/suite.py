@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from experiments.gpu import environment, grids, report, targets
-from experiments.gpu.measure import Workload, measure
+from experiments.gpu.measure import RAW_SDPA_FLASH, Workload, measure
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("environment", "targets", "conformance", "compare", "grids")
@@ -92,9 +92,9 @@ class Suite:
         self.rows: list[dict[str, Any]] = []
         self.env: dict[str, Any] = {}
         self.base = (
-            Workload("", 128, dtype="float32", device=device, batch=1, heads=2, dim_head=16)
+            Workload(RAW_SDPA_FLASH, 128, dtype="float32", device=device, batch=1, heads=2, dim_head=16)
             if smoke
-            else Workload("", 8192, device=device)
+            else Workload(RAW_SDPA_FLASH, 8192, device=device)
         )
         self.warmup, self.repeats = (1, 2) if smoke else (3, 10)
 

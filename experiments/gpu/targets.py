@@ -19,7 +19,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from experiments.gpu.measure import RAW_SDPA, Workload
+from attention_zoo import AttentionSpec
+from experiments.gpu.measure import RAW_SDPA_FLASH, Workload
 
 FULL_WITHIN = 0.05
 #: the sliding window's target speedup: the keys a query must read (w + 1) plus a 128-key tile of slack
@@ -31,8 +32,7 @@ class GpuTarget:
     """``min_speedup``: SDPA-flash time / mechanism time at least this; ``max_ratio``: mechanism time /
     SDPA-flash time at most this (the ``full`` row)."""
 
-    attention: str
-    options: dict[str, Any]
+    spec: AttentionSpec
     seq_len: int
     text: str
     min_speedup: float | None = None
@@ -40,9 +40,8 @@ class GpuTarget:
     smoke_options: dict[str, Any] = field(default_factory=dict)
 
     def workload(self, base: Workload, smoke: bool) -> Workload:
-        options = self.smoke_options if smoke else self.options
-        n = base.seq_len if smoke else self.seq_len
-        return dataclasses.replace(base, attention=self.attention, options=dict(options), seq_len=n)
+        spec = AttentionSpec(self.spec.name, self.smoke_options) if smoke else self.spec
+        return dataclasses.replace(base, spec=spec, seq_len=base.seq_len if smoke else self.seq_len)
 
     def met(self, ratio: float) -> bool:
         """``ratio``: mechanism time / SDPA-flash time."""
@@ -56,20 +55,24 @@ def window_target(n: int, window: int) -> float:
 
 
 TARGETS: tuple[GpuTarget, ...] = (
-    GpuTarget("full", {}, 8192, "within 5% of raw SDPA", max_ratio=1 + FULL_WITHIN),
-    GpuTarget("linformer", {"k": 256}, 8192, ">= 6x", min_speedup=6.0, smoke_options={"k": 32}),
-    GpuTarget("nystrom", {"num_landmarks": 64}, 8192, ">= 5x", min_speedup=5.0, smoke_options={"num_landmarks": 16}),
+    GpuTarget(AttentionSpec("full"), 8192, "within 5% of raw SDPA", max_ratio=1 + FULL_WITHIN),
+    GpuTarget(AttentionSpec("linformer", {"k": 256}), 8192, ">= 6x", min_speedup=6.0, smoke_options={"k": 32}),
     GpuTarget(
-        "local",
-        {"window": 1024},
+        AttentionSpec("nystrom", {"num_landmarks": 64}),
+        8192,
+        ">= 5x",
+        min_speedup=5.0,
+        smoke_options={"num_landmarks": 16},
+    ),
+    GpuTarget(
+        AttentionSpec("local", {"window": 1024}),
         16384,
         f">= 0.75 n / (w + 128) = {window_target(16384, 1024):.2f}x",
         min_speedup=window_target(16384, 1024),
         smoke_options={"window": 32},
     ),
     GpuTarget(
-        "lsh",
-        {"n_hashes": 4, "bucket_size": 64},
+        AttentionSpec("lsh", {"n_hashes": 4, "bucket_size": 64}),
         16384,
         "> 1x (faster than SDPA-flash)",
         min_speedup=1.0,
@@ -80,12 +83,12 @@ TARGETS: tuple[GpuTarget, ...] = (
 
 def baseline(target: GpuTarget, base: Workload, smoke: bool) -> Workload:
     workload = target.workload(base, smoke)
-    return dataclasses.replace(workload, attention=RAW_SDPA, options={"backend": "flash"})
+    return dataclasses.replace(workload, spec=RAW_SDPA_FLASH)
 
 
 def evaluate(target: GpuTarget, row: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
     """The target's verdict on a measured row against its SDPA-flash row."""
-    verdict: dict[str, Any] = {"target": target.text, "attention": target.attention, "options": row.get("options")}
+    verdict: dict[str, Any] = {"target": target.text, "attention": target.spec.name, "options": row.get("options")}
     verdict |= {key: row.get(key) for key in ("dtype", "mode", "batch", "heads", "dim_head")}
     if row.get("status") != "ok" or reference.get("status") != "ok":
         failed = row if row.get("status") != "ok" else reference

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from experiments.cli import dispatch
 from experiments.console import console
+from experiments.subcommands import dispatch
 
 if TYPE_CHECKING:
     from jsonargparse import ArgumentParser, Namespace

@@ -4,7 +4,7 @@ Wang et al. 2020, "Linformer", arXiv:2006.04768, Sec. 5.1: at k = 128 for n = 51
 Linformer is "nearly on par" with the Transformer (Fig. 3 a, b); the sharing modes are about equal, layerwise
 included (Fig. 3 c; Table 2 even has layerwise best downstream); at fixed k the final perplexity stays about
 the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of the configs in
-``experiments/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
+``configs/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
 collects them, whatever is finished so far, and says which runs and seeds exist.
 
     zoo study mlm --runs_dir runs/linformer_paper --out results/linformer_paper/mlm
@@ -51,8 +51,9 @@ from experiments.studies.cli import add_output_options, run_study
 from experiments.studies.common import UnreadableRecord, read_csv, read_json, repo_path, write_csv
 from experiments.studies.mlm_plots import OLD_VAL, TEST, plot
 
-#: the study's zoo compare configs (package data of experiments.studies)
-CONFIGS = Path(str(resources.files("experiments.studies") / "linformer_mlm"))
+#: the study's zoo compare configs: ``configs/studies/linformer_mlm`` of the repository, package data of
+#: ``experiments`` through the ``experiments/configs`` link
+CONFIGS = Path(str(resources.files("experiments") / "configs" / "studies" / "linformer_mlm"))
 CURVE_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "val_ppl"]
 RUN_COLUMNS = ["experiment", "n", "attention", "k", "sharing", "label", "seed", "status", "step", "max_steps",
                "final_val_ppl", "evaluation", "final_test_ppl", "run_dir"]  # fmt: skip
@@ -95,12 +96,12 @@ def expected_runs(configs: Path, runs_dir: Path | None) -> list[ExpectedRun]:
         evaluation = TEST if config.get("test") else OLD_VAL
         for entry in plan(config["attentions"], config.get("options") or {}):
             k, sharing = None, ""
-            if entry.attention == "linformer":
-                k = entry.options.get("k", min(DEFAULT_K, n))
-                sharing = entry.options.get("sharing", option_default("linformer", "sharing"))
+            if entry.spec.name == "linformer":
+                k = entry.spec.options.get("k", min(DEFAULT_K, n))
+                sharing = entry.spec.options.get("sharing", option_default("linformer", "sharing"))
             for seed in range(first, first + count):
                 directory = root / config["experiment"] / entry.label / f"seed-{seed}"
-                runs.append(ExpectedRun(config["experiment"], n, entry.attention, k, sharing, entry.label, seed,
+                runs.append(ExpectedRun(config["experiment"], n, entry.spec.name, k, sharing, entry.label, seed,
                                         directory, evaluation))  # fmt: skip
     return runs
 

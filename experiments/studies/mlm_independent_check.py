@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_zoo import TransformerEncoder
+from attention_zoo import ModelConfig, TransformerEncoder
 from attention_zoo.init import init_linear_
 from tasks.data.mlm import MaskedLMDataModule
 
@@ -51,7 +51,8 @@ class Reference(nn.Module):
 class Library(nn.Module):
     def __init__(self, vocab: int, dim: int, depth: int, heads: int, n: int) -> None:
         super().__init__()
-        self.encoder = TransformerEncoder(vocab, dim, depth, heads, n, attention="full", ff_mult=4, dropout=0.0)
+        config = ModelConfig(vocab_size=vocab, max_seq_len=n, dim=dim, depth=depth, heads=heads, ff_mult=4, dropout=0.0)
+        self.encoder = TransformerEncoder(config)
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(tokens, mask)

@@ -9,14 +9,14 @@ embeddings before the first layer: the pilot form of ``--model.short_convolution
 
 import argparse
 import math
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+from attention_zoo.config import ModelConfig
 from attention_zoo.init import init_linear_
+from attention_zoo.spec import AttentionSpec
 from attention_zoo.transformer import TransformerEncoder
 from tasks.data.recall import generate_mqar
 
@@ -32,28 +32,18 @@ for name, default in OPTIONS.items():
 a = p.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(a.seed)
-opts = {}
-for kv in filter(None, a.opts.split(",")):
-    k, v = kv.split("=")
-    opts[k] = int(v) if v.isdigit() else v
 X, Y = generate_mqar(
     a.train, seq_len=a.n, num_kv_pairs=a.pairs, vocab_size=a.vocab, power_a=a.power_a, seed=1, kv_placement=a.placement
 )
 Xv, Yv = generate_mqar(
     512, seq_len=a.n, num_kv_pairs=a.pairs, vocab_size=a.vocab, power_a=a.power_a, seed=2, kv_placement=a.placement
 )
-enc = TransformerEncoder(
-    a.vocab,
-    a.dim,
-    a.depth,
-    a.heads,
-    a.n,
-    attention=a.attn,
-    attention_options=opts,
-    ff_mult=a.ff,
-    positional=a.pos,
-    causal=bool(a.causal),
-)
+attention = AttentionSpec.parse(f"{a.attn}:{a.opts}" if a.opts else a.attn)  # --opts: "k=v,k=v", typed as --attentions
+config = ModelConfig(
+    vocab_size=a.vocab, max_seq_len=a.n, dim=a.dim, depth=a.depth, heads=a.heads, ff_mult=a.ff, positional=a.pos,
+    attention=attention,
+)  # fmt: skip
+enc = TransformerEncoder(config, causal=bool(a.causal))
 head = torch.nn.Linear(a.dim, a.vocab)
 init_linear_(head)
 if a.conv:

@@ -8,40 +8,26 @@ messages: menu labels, error messages, option help, country, language and keyboa
 Every catalog entry is counted exactly once in the summary: kept, or dropped by the first rule that drops it.
 
 - ``header``: the catalog header (msgid ``""``, the catalog's metadata): dropped.
-- ``plural``: entries with plural forms (keys ``(msgid, n)``): dropped, counted once per msgid. gettext keeps
-  only the singular msgid, and msgstr[0] is not the singular in every language.
-- context: ``msgctxt`` is stored as ``context\\x04msgid``; the context is a hint to translators ("paper
-  size", "keyboard label"), so it is stripped and the msgid kept (counted as ``context_stripped``); an
+- ``plural``: entries with plural forms: dropped, counted once per msgid (msgstr[0] is not the singular in
+  every language).
+- context: ``msgctxt`` (a hint to translators) is stripped and the msgid kept (``context_stripped``); an
   entry with nothing after the context is dropped as ``context_only``.
 - ``empty``: an empty source or translation: dropped.
-- whitespace: every run of whitespace (the newlines of multi-line help texts, the space- and tab-aligned
-  option columns) becomes one space and the ends are stripped, on both sides. That layout is terminal
-  formatting, not language, and sacreBLEU's 13a tokenisation ignores it anyway.
-- mnemonics: keyboard accelerator markers (GTK ``_Open``, ``Save _As``; Qt ``&Open``) are removed from
-  both sides when the source has exactly one marker, at the start of a word, and the translation has
-  exactly one (``In _Ordner speichern``). A ``_`` inside a word (``SIG_IGN``, ``pg_dump``: identifiers,
-  far more common than mid-word English mnemonics such as ``C_ollate``) is left alone, as are HTML
-  entities (``&lt;``) and ``&&``.
-- ``no_letters``: a source without a letter outside its placeholders (``%s: %s``, ``--``): dropped, it is
-  not language.
-- ``same_as_source``: a translation equal to its source after normalisation (untranslated names, codes,
-  command lines): dropped, since copying such pairs inflates BLEU. A source with an identical copy in one
-  catalog and a real translation in another keeps the real one.
-- ``duplicate_source``: a source seen more than once (the same message in several programs, the ISO
-  catalogs installed under two names, or two entries made equal by normalisation): one pair per source.
-  The most frequent translation wins; a tie goes to the translation seen first, catalogs in file-name
-  order and entries in msgid order. ``conflicting_translations`` counts the sources that had several.
+- whitespace: every run of whitespace becomes one space and the ends are stripped, on both sides (terminal
+  layout, not language; sacreBLEU's 13a tokenisation ignores it anyway).
+- mnemonics: keyboard accelerator markers (GTK ``_Open``, Qt ``&Open``) are removed (:func:`strip_mnemonic`).
+- ``no_letters``: a source without a letter outside its placeholders (``%s: %s``, ``--``): dropped.
+- ``same_as_source``: a translation equal to its source after normalisation: dropped, since copying such pairs
+  inflates BLEU. A source with an identical copy in one catalog and a real translation in another keeps the
+  real one.
+- ``duplicate_source``: one pair per source; the most frequent translation wins, a tie goes to the one seen
+  first (catalogs in file-name order, entries in msgid order); ``conflicting_translations`` counts the sources
+  that had several.
 
-Kept unchanged: format placeholders (``%s``, ``%1$d``, ``%m``, ``{0}``, ``${name}``), which a translation must carry
-over (``with_placeholders`` counts the pairs that have one), quotes, HTML entities, and long help texts
-(the tokeniser's length limit, see ``overlong`` in :mod:`tasks.data.translation`, decides about those).
-
-Python's gettext decodes a catalog's header as UTF-8 before it knows the catalog's charset, so a header
-carrying a Latin-1 translator name (Debian's German ``net-tools.mo``) raises UnicodeDecodeError. Such a
-header's non-ASCII bytes are replaced by ``?`` (same length, so every offset in the file stays valid; the
-charset and plural fields it needs are ASCII) and the catalog is read again (``repaired_headers``). A
-catalog that still cannot be read, or whose charset Python has no codec for, is skipped with a warning
-naming it and listed in ``unreadable_catalogs``.
+Kept unchanged: format placeholders (``%s``, ``%1$d``, ``{0}``, ``${name}``; ``with_placeholders`` counts the
+pairs that have one), quotes, HTML entities, and long help texts (``overlong`` in :mod:`tasks.data.translation`
+decides about those). A catalog whose header Python cannot decode is repaired (:func:`read_catalog`); one that
+still cannot be read is skipped with a warning and listed in ``unreadable_catalogs``.
 """
 
 from __future__ import annotations
@@ -111,7 +97,12 @@ def _ascii_header(data: bytes) -> bytes:
 
 
 def read_catalog(path: Path) -> tuple[dict, bool]:
-    """The catalog's ``{msgid or (msgid, n): msgstr}`` and whether its header had to be made ASCII."""
+    """The catalog's ``{msgid or (msgid, n): msgstr}`` and whether its header had to be made ASCII.
+
+    Python's gettext decodes a catalog's header as UTF-8 before it knows the catalog's charset, so a header
+    carrying a Latin-1 translator name (Debian's German ``net-tools.mo``) raises UnicodeDecodeError. Such a
+    header's non-ASCII bytes are replaced by ``?`` (same length, so every offset in the file stays valid; the
+    charset and plural fields it needs are ASCII) and the catalog is read again (``repaired_headers``)."""
     data = path.read_bytes()
     try:
         return gettext.GNUTranslations(io.BytesIO(data))._catalog, False
@@ -134,7 +125,11 @@ def _marker(text: str, char: str, *, word_start: bool) -> int | None:
 
 
 def strip_mnemonic(source: str, target: str) -> Pair | None:
-    """The pair without its accelerator markers (``_File`` / ``_Datei``), or None if it has none."""
+    """The pair without its accelerator markers (``_File`` / ``_Datei``), or None if it has none: removed from
+    both sides when the source has exactly one marker, at the start of a word, and the translation has exactly
+    one (``In _Ordner speichern``). A ``_`` inside a word (``SIG_IGN``, ``pg_dump``: identifiers, far more
+    common than mid-word English mnemonics such as ``C_ollate``) is left alone, as are HTML entities (``&lt;``)
+    and ``&&``."""
     for char in "_&":
         in_source = _marker(source, char, word_start=True)
         in_target = _marker(target, char, word_start=False)

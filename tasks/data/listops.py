@@ -16,28 +16,15 @@ Dataset for Latent Tree Learning", arXiv:1804.06028) with LRA's settings, ported
 - Length is the number of symbols (an operator node counts its operator and its ``]``); a tree is kept
   when ``min_length < length < max_length`` (strict, as in LRA). LRA: ``max_depth = 10``,
   ``max_args = 10``, lengths 500-2000, 96k/2k/2k train/val/test examples: the defaults here.
-- Splits: LRA's ``main`` adds the kept trees to one Python ``set`` until it holds
-  ``train + val + test`` distinct trees, lists the set in its iteration order and slices it: the first
-  ``num_train_samples`` are train, the next ``num_valid_samples`` val, the rest test. So no expression is
-  in two splits, and the split a tree lands in follows its hash, not when it was drawn (with an unseeded
-  ``random`` and Python's per-process string hashing the script is not reproducible; the released TSVs
-  are the data). Here likewise: one stream of distinct trees from one seed, then a seeded shuffle, then
-  the same slices. The shuffle matters at short lengths, where distinct trees are in effect drawn without
-  replacement: frequent trees come early, so slicing in draw order would give train the common
-  expressions and test the rare ones.
+- Splits (:func:`partition`): distinct trees only, so no expression is in two splits; one stream from one seed,
+  then a seeded shuffle, then LRA's slices.
+- Generation of a tree stops as soon as its length is certain to reach ``max_length`` (it would be rejected
+  anyway): the random stream differs from LRA's script, the accepted trees have the same distribution.
 
 Tokens are the symbols (the LRA TSV's parentheses carry no information and are dropped): vocabulary
-``<pad> <cls> [MIN [MAX [MED [SM ] 0 ... 9`` (17 ids). Note that LRA's own input pipeline tokenised with
-``tfds``' default tokenizer, which drops non-alphanumeric symbols and so loses ``]`` (making the
-expression ambiguous); here ``]`` is kept, as in the grammar above.
-
-Deviation, distribution-preserving: generation of a tree stops as soon as its length is certain to reach
-``max_length`` (it would be rejected anyway), so the random stream differs from LRA's script but the
-accepted trees have the same distribution; this makes short CPU settings ~8x faster. Measured on this
-machine (2 shared cores, pure Python, once, when each split still had its own stream; one pool draws as
-many trees; later runs load the cache in 0.2 s): the LRA-size set (96k/2k/2k, lengths 501-1999, mean
-1036) in 220 s; a CPU-size set (10k/1k/1k, lengths 33-127) in 18 s. Label shares are uneven, as in LRA:
-0 and 9 about 17 % each, 7 about 7 % (so a majority-class guess scores 17 %).
+``<pad> <cls> [MIN [MAX [MED [SM ] 0 ... 9`` (17 ids). LRA's own input pipeline tokenised with ``tfds``'
+default tokenizer, which drops ``]`` (making the expression ambiguous); here ``]`` is kept. Label shares are
+uneven, as in LRA (0 and 9 the most common), so compare accuracy with the majority-class guess.
 """
 
 from __future__ import annotations
@@ -137,7 +124,14 @@ def generate_listops(
 
 def partition(num_examples: int, sizes: dict[Split, int], *, seed: int) -> dict[Split, list[int]]:
     """Indices ``0..num_examples-1`` shuffled by ``seed`` and cut into consecutive slices of ``sizes``
-    (in the order train, val, test, as LRA slices its set of trees)."""
+    (in the order train, val, test, as LRA slices its set of trees).
+
+    LRA's ``main`` adds the kept trees to one Python ``set`` until it holds ``train + val + test`` distinct trees,
+    lists the set in its iteration order and slices it, so the split a tree lands in follows its hash, not when
+    it was drawn (with an unseeded ``random`` and per-process string hashing the script is not reproducible;
+    the released TSVs are the data). The shuffle here plays the hash's part: at short lengths distinct trees
+    are in effect drawn without replacement, frequent trees come early, and slicing in draw order would give
+    train the common expressions and test the rare ones."""
     if sum(sizes.values()) != num_examples:
         raise ValueError(f"split sizes {sizes} do not add up to {num_examples} examples")
     order = list(range(num_examples))

@@ -4,36 +4,18 @@ The pre-training objective of BERT (Devlin et al. 2019, arXiv:1810.04805, Sec. 3
 Linformer paper (Wang et al. 2020, arXiv:2006.04768, Sec. 5.1) pre-trains with: a share ``mask_prob``
 (15 %) of the real (non-special) tokens is selected for prediction; a selected token is replaced by
 ``<mask>`` with probability 0.8, by a random regular token with 0.1, and kept with 0.1; the label is the
-original token at selected positions and ``-100`` elsewhere (padding included).
-
-How the tokens are selected (option ``selection``):
-
-- ``"per_token"`` (default): each real token independently with probability ``mask_prob``, so the count
-  per sequence is binomial, as in Hugging Face's ``DataCollatorForLanguageModeling`` (a Bernoulli draw
-  per position, special tokens excluded). Our addition: a sequence in which no token was selected gets
-  one selected uniformly at random, so every sequence carries a label; this raises the rate only for
-  sequences of a few tokens.
-- ``"fixed_count"``: original BERT (``create_masked_lm_predictions`` in google-research/bert's
-  ``create_pretraining_data.py``): exactly ``max(1, round(n * mask_prob))`` positions of a sequence of
-  ``n`` tokens (Python's ``round``, half to even), drawn uniformly without replacement from its real
-  tokens (fewer only if it has fewer real tokens). BERT's ``n`` also counts the ``[CLS]`` and ``[SEP]``
-  it never selects (these chunks have none), and BERT caps the count at ``max_predictions_per_seq``,
-  which it sets to about ``max_seq_len * mask_prob``; no cap here.
-
-(RoBERTa's fairseq ``MaskTokensDataset`` is a third variant: ``int(mask_prob * n + U[0, 1))`` positions,
-a fixed count with random rounding; not offered.)
+original token at selected positions and ``-100`` elsewhere (padding included). Option ``selection``:
+``"per_token"`` (default, Hugging Face's collator) or ``"fixed_count"`` (original BERT); see
+:class:`MaskedLMDataset`.
 
 Masks are re-drawn every training epoch and are a pure function of ``(seed, epoch, index)`` (one
 generator per example, keyed by the sampler), hence identical for any ``num_workers``, under DDP and
 after a resume; validation and test use the epoch-0 masks every time, so their losses are comparable
 across epochs. ``seed`` is the data's seed, not the run's (``zoo compare --seeds`` varies ``shuffle_seed``
 and the initialisation only), so every run of a comparison at one ``max_seq_len`` scores the same masked
-positions.
-
-One evaluation text for every ``max_seq_len`` (option ``eval_tokens``): val and test keep only the first
-``eval_tokens`` tokens of their split's token stream, which does not depend on ``max_seq_len``, and are then
-chunked as usual; so runs at any n are scored on the same text. Their masked positions still differ between
-n: masks are drawn per chunk, and the chunks differ.
+positions. With ``eval_tokens``, val and test keep only the first ``eval_tokens`` tokens of their split's
+token stream, so runs at any ``max_seq_len`` are scored on the same text (their masked positions still
+differ: masks are drawn per chunk).
 
 Corpus: the files matching ``file_pattern`` under ``corpus_dir`` (recursively; hidden folders,
 ``__pycache__``, ``site-packages`` and ``dist-packages`` are skipped), shuffled by ``seed``, capped by
@@ -41,9 +23,8 @@ Corpus: the files matching ``file_pattern`` under ``corpus_dir`` (recursively; h
 by ``val_fraction``, ``test_fraction`` of the characters (so val and test are mostly other files than
 train), tokenised, and cut into chunks of ``max_seq_len`` tokens; chunks may span file boundaries, as in
 RoBERTa's FULL-SENTENCES packing, and only the last chunk of a split can be shorter. The default corpus
-is the standard library's ``*.py`` files (``sysconfig.get_paths()["stdlib"]``: 1,790 files, 31.5 M bytes
-on this machine's Python 3.11, read and chunked in 4 s), present on every machine with Python, so MLM
-runs offline.
+is the standard library's ``*.py`` files (``sysconfig.get_paths()["stdlib"]``), present on every machine
+with Python, so MLM runs offline.
 """
 
 from __future__ import annotations
@@ -107,7 +88,18 @@ def split_stream(documents: list[str], fractions: dict[Split, float]) -> dict[Sp
 
 
 class MaskedLMDataset(Dataset):
-    """Items ``(inputs (N,), labels (N,))``: BERT masking of stored chunks, drawn per ``(epoch, index)``."""
+    """Items ``(inputs (N,), labels (N,))``: BERT masking of stored chunks, drawn per ``(epoch, index)``.
+
+    ``selection="per_token"``: each real token independently with probability ``mask_prob``, so the count per
+    sequence is binomial, as in Hugging Face's ``DataCollatorForLanguageModeling``; a sequence in which no token
+    was selected gets one selected uniformly at random, so every sequence carries a label (this raises the rate
+    only for sequences of a few tokens). ``"fixed_count"``: original BERT (``create_masked_lm_predictions`` in
+    google-research/bert): exactly ``max(1, round(n * mask_prob))`` positions of a sequence of ``n`` tokens
+    (Python's ``round``, half to even), drawn uniformly without replacement from its real tokens. BERT's ``n``
+    also counts the ``[CLS]`` and ``[SEP]`` it never selects (these chunks have none), and BERT caps the count
+    at ``max_predictions_per_seq``; no cap here. (RoBERTa's random rounding, ``int(mask_prob * n + U[0, 1))``,
+    is not offered.)
+    """
 
     def __init__(self, data: Sequences, *, mask_prob: float, selection: Selection, seed: int, random_high: int):
         self.data = data

@@ -6,50 +6,26 @@ for the cache key, reads the chosen source and hands the pairs to :func:`assembl
 - whitespace runs become one space and the ends are stripped (counted as ``whitespace``); pairs with an
   empty side are dropped (``empty``); the ``gettext`` reader's own filters come first
   (:mod:`tasks.data.gettext_corpus`);
-- a split without its own data is carved from the training pairs by a hash of the source string (the
-  first 53 bits of blake2b of its UTF-8 bytes, read as a number u in [0, 1): test if u < test_fraction,
-  val if u < test_fraction + val_fraction, else train). The same source never lands in two splits, and a pair's
-  split depends neither on a seed, nor on reading order, nor on the other pairs (adding catalogs moves no
-  existing pair to another split). Training pairs and carved splits are in hash order, so "the first N
-  validation pairs" are a spread sample, not one program's messages; val/test read from their own files
-  keep the file order;
+- a split without its own data is carved from the training pairs by a hash of the source (:func:`carve`): the
+  same source never lands in two splits, and a pair's split depends neither on a seed, nor on reading order,
+  nor on the other pairs. Training pairs and carved splits are in hash order, so "the first N validation
+  pairs" are a spread sample; val/test read from their own files keep the file order;
 - ``train_size`` keeps the first training pairs in hash order;
 - ``eval_sources_in_train`` counts val/test sources also found in train: 0 when carved; given files
   (WMT's newstest against its training data) are reported, not filtered.
 
-Near-duplicates (``split_by``, ``dedupe_normalised``). :func:`normalise_source` maps a source to a key:
-printf-style and brace format specifiers removed (``%s``, ``%d``, ``%1$s``, ``%(name)s``, ``{0}``, ``{name}``,
-``${name}``), case folded, and every character that is not a letter or a digit (punctuation, whitespace, the
-quotes around ``'%s'``) removed, so "cannot chdir to '%s'" and "Cannot chdir to %s." are one key. The summary's
-``normalised_sources`` counts the pairs, their distinct sources, the distinct keys and ``merged`` (distinct
-sources that share a key with another: distinct sources - keys), and ``eval_normalised_in_train`` the val/test
-messages whose key is also in train (the near-duplicate leak). ``split_by``:
+Near-duplicates: :func:`normalise_source` maps a source to a key, so "cannot chdir to '%s'" and "Cannot chdir
+to %s." are one; the summary's ``normalised_sources`` counts pairs, distinct sources, keys and ``merged``, and
+``eval_normalised_in_train`` the val/test messages whose key is also in train (the near-duplicate leak).
+``split_by``: ``"source"`` (default) carves by the hash of the source string; ``"normalised"`` by the hash of
+the key, so all pairs of one key go to one split; ``"catalog"`` (``gettext`` only) by the hash of the
+catalog's file name, so one program's messages stay together (fractions are then shares of catalogs).
+``dedupe_normalised=True`` keeps one pair per key in each carved pool (``normalised_duplicate``).
 
-- ``"source"`` (default, the behaviour of every earlier corpus): carve by the hash of the source string; pairs
-  that differ only in case, punctuation or a format specifier can fall in different splits;
-- ``"normalised"``: carve by the hash of the key, so all pairs of one key go to one split;
-- ``"catalog"`` (``gettext`` only): carve by the hash of the catalog's file name, so one program's messages
-  stay together; fractions are then shares of catalogs, not of pairs.
-
-``dedupe_normalised=True`` keeps one pair per key (the first in hash order of the source) in each split's pool
-before carving, counted in ``dropped`` as ``normalised_duplicate``. Both apply to the pools that are carved;
-val/test read from their own files are kept as they are and reported.
-
-Pseudo-documents (``messages_per_document`` = m > 1). After the split (so no message of a test document is
-in a training one), the messages of each split are grouped by catalog (``gettext``; ``synthetic``: one group),
-put in a seeded order within their catalog (by the hash of the seed and the source: independent of reading
-order and of the other catalogs), and every m consecutive messages are joined with a space into one source, their
-translations joined in the same order into its target; a catalog's last document holds the rest (1 to m
-messages, counted as ``shorter``). This is an artificial construction: catalogs keep no source order (a
-``.mo`` file is sorted by msgid), so a document is not a text anyone wrote. It still tests what the
-compressed-attention experiment needs: inputs m times as long as a message, from one program's vocabulary, and
-an alignment that runs monotonically across the whole sequence (message i of the source is message i of the
-target), which a low-rank projection of the keys must keep. ``train_size`` then counts documents.
-``train_single_messages=True`` also trains on every message of the training documents on its own (after
-``train_size``; val and test stay documents): a model that cannot yet align a long document learns to translate
-from the short pairs, whose alignment is easy to find, in the same run.
-
-The result is cached as JSON (pairs per split and the counts), keyed by :meth:`CorpusSpec.params`.
+Pseudo-documents (``messages_per_document`` = m > 1, :func:`pseudo_documents`): after the split, every m
+messages of one catalog are joined into one source and target; ``train_size`` then counts documents.
+``train_single_messages=True`` also trains on every message of the training documents on its own (val and test
+stay documents). The result is cached as JSON (pairs per split and the counts), keyed by :meth:`CorpusSpec.params`.
 """
 
 from __future__ import annotations
@@ -113,7 +89,9 @@ def clean_pairs(pairs: list[Pair], dropped: Counter, normalised: Counter) -> lis
 
 
 def normalise_source(source: str) -> str:
-    """The near-duplicate key of a source: format specifiers removed, case folded, only letters and digits kept."""
+    """The near-duplicate key of a source: printf-style and brace format specifiers removed (``%s``, ``%d``,
+    ``%1$s``, ``%(name)s``, ``{0}``, ``{name}``, ``${name}``), case folded, and every character that is not a
+    letter or a digit (punctuation, whitespace, the quotes around ``'%s'``) removed."""
     return NOT_WORD.sub("", PLACEHOLDER.sub("", source).casefold())
 
 
@@ -121,7 +99,9 @@ def carve(
     pairs: list[Pair], fractions: dict[Split, float], key: Callable[[str], str] | None = None
 ) -> dict[Split, list[Pair]]:
     """``pairs`` split by :func:`source_hash` of ``key(source)`` (default: the source itself) into test (lowest),
-    val, then train, each in hash order."""
+    val, then train, each in hash order: the first 53 bits of blake2b of the key's UTF-8 bytes, read as a number
+    u in [0, 1), give test if u < test_fraction, val if u < test_fraction + val_fraction, else train. Adding
+    catalogs moves no existing pair to another split."""
     key = key or (lambda source: source)
     carved: dict[Split, list[Pair]] = {"train": [], "val": [], "test": []}
     for pair in sorted(pairs, key=lambda pair: (source_hash(key(pair[0])), pair)):
@@ -141,7 +121,13 @@ def dedupe_normalised_sources(pairs: list[Pair]) -> list[Pair]:
 
 def pseudo_documents(pairs: list[Pair], group_of: Callable[[str], str], size: int, seed: int) -> list[list[Pair]]:
     """``pairs`` grouped by ``group_of(source)``, each group in a seeded order, cut into runs of ``size``
-    messages (a group's last run holds the rest); documents in hash order of their joined source."""
+    messages (a group's last run holds the rest, counted as ``shorter``); documents in hash order of their
+    joined source. The order within a group hashes the seed and the source, so it is independent of reading
+    order and of the other groups; grouping after the split keeps every message of a test document out of
+    training. An artificial construction: catalogs keep no source order (a ``.mo`` file is sorted by msgid), so
+    a document is not a text anyone wrote. It still gives what the compressed-attention experiment needs:
+    inputs m times as long as a message, from one program's vocabulary, and an alignment that runs
+    monotonically across the whole sequence, which a low-rank projection of the keys must keep."""
     groups: dict[str, list[Pair]] = {}
     for pair in pairs:
         groups.setdefault(group_of(pair[0]), []).append(pair)

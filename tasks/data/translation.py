@@ -2,37 +2,22 @@
 
 Sources (``source``), nothing downloaded at run time:
 
-- ``gettext`` (default): the machine's installed message catalogs, English msgids -> their translations
-  (:mod:`tasks.data.gettext_corpus` says what is kept, normalised and dropped). Real human translations of
-  software messages; about 42,000 distinct EN-DE pairs on a Debian machine with the usual packages.
-- ``files``: line-aligned ``<prefix>.<lang>`` pairs, TSV or JSONL (:mod:`tasks.data.parallel_text`): WMT14's
-  training files and newstest sets, once unpacked.
+- ``gettext`` (default): the machine's installed message catalogs, real human translations of software
+  messages (:mod:`tasks.data.gettext_corpus`).
+- ``files``: line-aligned ``<prefix>.<lang>`` pairs, TSV or JSONL (:mod:`tasks.data.parallel_text`), e.g. WMT14.
 - ``hf``: a Hugging Face ``datasets`` dataset (``wmt14``/``de-en`` from a local cache, or local JSON files
   through ``hf_dataset="json"`` and ``hf_data_files``).
-- ``synthetic``: a seeded toy language pair with reordering and agreement
-  (:mod:`tasks.data.synthetic_translation`), for tests and quick sanity runs.
+- ``synthetic``: a seeded toy language pair with reordering and agreement (:mod:`tasks.data.synthetic_translation`).
 
-Every source's pairs are cleaned and split the same way (:mod:`tasks.data.parallel_corpus`): whitespace
-normalised, empty pairs dropped, and a split without its own data carved from train by a hash of the
-source string, so that no source is in two splits. Two options address what that leaves (both off by default,
-which keeps every earlier corpus as it was): ``split_by="normalised"`` carves by a near-duplicate key instead
-(case, punctuation, whitespace and format specifiers removed: "cannot chdir to '%s'" and "cannot chdir to %s"
-land in one split; ``"catalog"`` keeps one program's messages together), ``dedupe_normalised`` keeps one pair
-per key; ``corpus_summary()`` reports how many sources the key merged and how many val/test messages have a
-near-duplicate in train. ``messages_per_document`` joins m messages of one catalog into one pseudo-document
-pair, an artificial construction for long inputs (see :mod:`tasks.data.parallel_corpus` for both).
+Every source's pairs are cleaned, split (no source in two splits; near-duplicates by ``split_by`` and
+``dedupe_normalised``) and optionally joined into pseudo-documents the same way: :mod:`tasks.data.parallel_corpus`.
 
-Tokenisation: one byte-level BPE (``tokenizers``) for both languages, trained on the training split's
-sources and targets only, cached by its parameters; ``<pad>`` 0, ``<bos>`` 4, ``<eos>`` 5
-(:data:`tasks.data.tokenize.TRANSLATION_SPECIAL_TOKENS`). It decodes losslessly, so :meth:`decode` gives
-text that sacreBLEU scores directly against the raw reference of :meth:`texts`. A pair whose source + EOS
-exceeds ``max_source_len`` or whose target + BOS/EOS exceeds ``max_target_len`` is an error by default
-(naming how many and the longest); ``overlong="drop"`` drops them, counted per split in
-:meth:`corpus_summary` and warned about. A learned token is at most :data:`MAX_TOKEN_BYTES` bytes long, so a
-text of b UTF-8 bytes has at least b / MAX_TOKEN_BYTES tokens: a pair whose bytes alone exceed the limits is
-overlong under the same rule before any tokenizer exists. Such pairs are refused (or dropped and counted) before
-the BPE is trained, and are never part of its training text (training time grows with the square of the length
-of a text without spaces).
+Tokenisation: one byte-level BPE (``tokenizers``) for both languages, trained on the training split's sources
+and targets only, cached by its parameters; ``<pad>`` 0, ``<bos>`` 4, ``<eos>`` 5
+(:data:`tasks.data.tokenize.TRANSLATION_SPECIAL_TOKENS`). It decodes losslessly, so :meth:`decode` gives text
+that sacreBLEU scores directly against the raw reference of :meth:`texts`. Overlong pairs (``overlong``) are an
+error or dropped; a pair whose bytes alone exceed the limits (:meth:`overlong_by_bytes`) is found before the BPE
+is trained and never trained on (training time grows with the square of the length of a text without spaces).
 
 Batches (the contract with :mod:`tasks.translation`):
 
@@ -41,9 +26,8 @@ Batches (the contract with :mod:`tasks.translation`):
 - ``target_out`` (B, T) long = y_1 .. y_m EOS, -100 at padding;
 - ``index`` (B,) long, the pair's position in its split (``texts(split)[0][index]`` is its raw source).
 
-Caches under ``<cache_dir>/translation/``: the corpus (pairs per split and the reader's counts, JSON), the
-BPE (JSON), and the tokenised splits (``.pt``), each keyed by every parameter that defines it, including a
-fingerprint of the source files (names, sizes, modification times).
+Caches under ``<cache_dir>/translation/``: the corpus (JSON), the BPE (JSON) and the tokenised splits (``.pt``),
+each keyed by every parameter that defines it, including a fingerprint of the source files.
 """
 
 from __future__ import annotations
@@ -264,7 +248,9 @@ class TranslationDataModule(ZooDataModule):
     # ---- tokenisation ---------------------------------------------------------------------------------
     def overlong_by_bytes(self, split: Split) -> set[int]:
         """Indices of the ``split`` pairs whose UTF-8 length alone makes them overlong: more bytes than
-        :data:`MAX_TOKEN_BYTES` per token allows within ``max_source_len`` / ``max_target_len``."""
+        :data:`MAX_TOKEN_BYTES` per token allows within ``max_source_len`` / ``max_target_len``. A learned token
+        is at most that long, so a text of b UTF-8 bytes has at least b / MAX_TOKEN_BYTES tokens and such a pair
+        is overlong under the same rule before any tokenizer exists."""
         if split not in self._overlong_by_bytes:
             most_source = MAX_TOKEN_BYTES * (self.max_source_len - 1)  # source tokens + <eos>
             most_target = MAX_TOKEN_BYTES * (self.max_target_len - 1)  # target tokens + <bos> / <eos>

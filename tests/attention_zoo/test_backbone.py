@@ -11,7 +11,7 @@ from attention_zoo.masks import pad_mask
 def encoder(**kw):
     torch.manual_seed(0)
     defaults = dict(vocab_size=50, dim=32, depth=2, heads=4, max_seq_len=24)
-    return az.TransformerEncoder(**{**defaults, **kw}).eval()
+    return az.TransformerEncoder(az.ModelConfig(**{**defaults, **kw})).eval()
 
 
 @pytest.mark.parametrize("positional", ["learned", "sinusoidal"])
@@ -41,7 +41,9 @@ def test_every_layer_has_its_own_core_and_the_shared_state_is_one_module():
 
 def test_decoder_is_causal_and_uses_memory():
     torch.manual_seed(0)
-    model = az.TransformerDecoder(vocab_size=50, dim=32, depth=2, heads=4, max_seq_len=16).eval().double()
+    model = (
+        az.TransformerDecoder(az.ModelConfig(vocab_size=50, dim=32, depth=2, heads=4, max_seq_len=16)).eval().double()
+    )
     memory = torch.randn(2, 9, 32, dtype=torch.float64)
     memory_mask = pad_mask(torch.tensor([9, 5]), 9)
     tokens = torch.randint(0, 50, (2, 12))
@@ -68,8 +70,9 @@ def test_multihead_validates_capabilities(scratch_registry):
         az.MultiHeadAttention(16, 2, attention="no_causal_no_cross", causal=True)
     with pytest.raises(ValueError, match="does not support cross-attention; cores that do: .*full"):
         az.MultiHeadAttention(16, 2, attention="no_causal_no_cross", cross_attention=True)
-    with pytest.raises(ValueError, match="does not support causal"):
-        az.TransformerDecoder(vocab_size=10, dim=16, depth=1, heads=2, max_seq_len=8, attention="no_causal_no_cross")
+    config = az.ModelConfig(vocab_size=10, dim=16, depth=1, heads=2, max_seq_len=8, attention="no_causal_no_cross")
+    with pytest.raises(ValueError, match="'no_causal_no_cross' is not causal and declares no causal_counterpart"):
+        az.TransformerDecoder(config)
 
 
 def test_shared_qk_cores_get_one_projection(scratch_registry):
@@ -89,10 +92,10 @@ def test_shared_qk_cores_get_one_projection(scratch_registry):
 
 
 def test_attention_options_reach_the_core():
-    model = encoder(attention_options={"backend": "math"})
+    model = encoder(attention="full:backend=math")
     assert all(layer.attn.core.backend == "math" for layer in model.layers)
     with pytest.raises(ValueError, match="no option 'k'"):
-        encoder(attention_options={"k": 4})
+        encoder(attention="full:k=4")
 
 
 def test_block_checks_memory_argument():

@@ -101,7 +101,7 @@ def test_moba_routed_tiles_take_a_few_chunks_per_rank_on_cuda():
     assert chunk_count(layout, 1, D, CUDA) == 10
 
 
-def band_chunks(tiles_per_chunk: int, rows: band_attention._Rows, *_) -> int:
+def band_chunks(tiles_per_chunk: int, rows: band_attention.BandRows, *_) -> int:
     return -(-(rows.seqs * rows.tiles) // tiles_per_chunk)
 
 
@@ -110,7 +110,7 @@ def test_local_band_kernel_takes_a_few_chunks_on_cuda():
     # sequences = 16384 tiles; CPU 2^19 // (32 x 288) = 56 tiles per chunk -> 293 chunks; CUDA 2^26 // 9216 = 7281
     # -> 3 chunks
     core = az.create_attention("local", dim_head=D, heads=H, window=256, impl="blocked")
-    rows = band_attention._Rows(core.pattern.band(causal=False), torch.empty(B, H, 8192, D, device="meta"))
+    rows = band_attention.BandRows(core.pattern.band(causal=False), torch.empty(B, H, 8192, D, device="meta"))
     assert band_chunks(band_attention._chunk_tiles(rows, CPU), rows) == 293
     assert band_chunks(band_attention._chunk_tiles(rows, CUDA), rows) == 3
 

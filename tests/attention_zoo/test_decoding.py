@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import attention_zoo as az
+from attention_zoo.config import ModelConfig
 from attention_zoo.decoding.search import beam_search, greedy_search, length_penalty, max_lengths
 from attention_zoo.masks import pad_mask
 from attention_zoo.nystrom.attention import NystromAttention
@@ -25,7 +26,8 @@ def tiny_model(*, eos_scale: float | None = None, **options) -> Seq2SeqTransform
     never stop before the limit."""
     torch.manual_seed(0)
     sizes = dict(dim=32, depth=2, heads=4, dropout=0.0)
-    model = Seq2SeqTransformer(VOCAB, 16, 20, **(sizes | options)).double().eval()
+    config = ModelConfig(vocab_size=VOCAB, max_seq_len=16, max_target_len=20, **(sizes | options))
+    model = Seq2SeqTransformer(config).double().eval()
     if eos_scale is not None:
         with torch.no_grad():
             model.decoder.token_embedding.weight[EOS] *= eos_scale
@@ -83,7 +85,8 @@ def test_every_non_causal_core_declares_a_registered_causal_counterpart():
 def test_shared_vocabulary_ties_all_three_matrices_and_a_target_vocabulary_ties_two():
     shared = tiny_model()
     assert shared.decoder.token_embedding.weight is shared.encoder.token_embedding.weight
-    separate = Seq2SeqTransformer(VOCAB, 16, 20, target_vocab_size=25, dim=32, depth=1, heads=4)
+    sizes = dict(vocab_size=VOCAB, max_seq_len=16, max_target_len=20, target_vocab_size=25, dim=32, depth=1, heads=4)
+    separate = Seq2SeqTransformer(ModelConfig(**sizes))
     assert separate.decoder.token_embedding.weight is not separate.encoder.token_embedding.weight
     source, mask = sources()
     logits = separate(source, mask, torch.randint(0, 25, (4, 6)))
@@ -145,7 +148,7 @@ def causal_configs():
 
 @pytest.mark.parametrize(("attention", "options"), list(causal_configs()))
 def test_cached_and_recomputed_decoding_give_the_same_tokens_for_every_causal_core(attention, options):
-    model = tiny_model(decoder_attention=attention, decoder_attention_options=options, eos_scale=3.0)
+    model = tiny_model(decoder_attention=az.AttentionSpec(attention, options), eos_scale=3.0)
     source, mask = sources()
     for search, kwargs in ((greedy_search, {}), (beam_search, {"beam_size": 3})):
         cached = search(model, source, mask, use_cache=True, **IDS, **kwargs)
@@ -157,7 +160,7 @@ def test_cached_and_recomputed_decoding_give_the_same_tokens_for_every_causal_co
 def test_linformer_cross_attention_on_short_padded_sources_decodes_the_same_cached():
     """Linformer projects the memory with E, F sized for max_source_len = 16 and slices them for shorter
     sources; the cached path projects it once, the recomputed path at every step."""
-    model = tiny_model(cross_attention="linformer", cross_attention_options={"k": 4}, eos_scale=3.0)
+    model = tiny_model(cross_attention="linformer:k=4", eos_scale=3.0)
     source, mask = sources((9, 6, 3, 7))
     cached = greedy_search(model, source, mask, use_cache=True, **IDS)
     recomputed = greedy_search(model, source, mask, use_cache=False, **IDS)
@@ -296,7 +299,9 @@ def test_a_decoder_refuses_cross_attention_that_weights_queries_by_position():
     assert "cosformer" in position_weighted
     for name in position_weighted:
         with pytest.raises(ValueError, match=f"cross_attention={name!r} weights a query by its position.*use one of"):
-            az.TransformerDecoder(50, 16, 1, 2, 32, cross_attention=name, memory_max_seq_len=32)
+            az.TransformerDecoder(
+                ModelConfig(vocab_size=50, dim=16, depth=1, heads=2, max_seq_len=32, cross_attention=name)
+            )
     # the property the refusal protects: cosformer's cross-attention output of a query depends on its index
     core = az.create_attention("cosformer", dim_head=8, heads=2, max_seq_len=64).double()
     q, k = torch.randn(1, 2, 3, 8, dtype=torch.float64), torch.randn(1, 2, 10, 8, dtype=torch.float64)

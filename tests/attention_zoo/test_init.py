@@ -35,7 +35,7 @@ def test_the_residual_stream_keeps_its_positions_apart_at_initialisation(depth):
     """The legacy init (PyTorch's default Linears with non-zero biases beside N(0, 0.02) embeddings) put nearly
     the same vector at every position; the convention stays near the embeddings' own share."""
     torch.manual_seed(0)
-    model = az.TransformerEncoder(256, 128, depth, 4, 512).eval()
+    model = az.TransformerEncoder(az.ModelConfig(vocab_size=256, max_seq_len=512, dim=128, depth=depth, heads=4)).eval()
     tokens = text_byte_ids(512, 2)
     with torch.no_grad():
         x = model.embed(tokens)
@@ -54,9 +54,10 @@ def xavier_std(linear: nn.Linear) -> float:
 def test_the_convention_is_applied_to_every_block_and_leaves_the_cores_alone():
     depth = 3
     torch.manual_seed(0)
-    model = az.TransformerEncoder(
-        100, 64, depth, 4, 256, attention="linformer", attention_options={"k": 16, "sharing": "layerwise"}
+    config = az.ModelConfig(
+        vocab_size=100, max_seq_len=256, dim=64, depth=depth, heads=4, attention="linformer:k=16,sharing=layerwise"
     )
+    model = az.TransformerEncoder(config)
     for layer in model.layers:
         for linear in (layer.attn.to_q, layer.attn.to_k, layer.attn.to_v, layer.ff[0]):
             assert linear.weight.std().item() == pytest.approx(xavier_std(linear), rel=0.1)
@@ -80,7 +81,7 @@ def test_the_convention_is_applied_to_every_block_and_leaves_the_cores_alone():
 def test_a_decoder_counts_three_residual_branches_per_layer():
     depth = 2
     torch.manual_seed(0)
-    model = az.TransformerDecoder(100, 64, depth, 4, 256)
+    model = az.TransformerDecoder(az.ModelConfig(vocab_size=100, max_seq_len=256, dim=64, depth=depth, heads=4))
     for layer in model.layers:
         for linear in (layer.self_attn.to_out, layer.cross_attn.to_out, layer.ff[3]):
             assert linear.weight.std().item() == pytest.approx(xavier_std(linear) / math.sqrt(3 * depth), rel=0.1)
@@ -98,7 +99,7 @@ def test_task_heads_follow_the_convention():
 def test_tied_output_logits_have_unit_scale_at_initialisation():
     """Vaswani's output scale: the tied embedding is stored at N(0, 1/d), so h E^T has unit variance."""
     torch.manual_seed(0)
-    model = az.Seq2SeqTransformer(500, 32, 32, dim=128, depth=2, heads=4)
+    model = az.Seq2SeqTransformer(az.ModelConfig(vocab_size=500, max_seq_len=32, dim=128, depth=2, heads=4))
     source, target = torch.randint(0, 500, (4, 20)), torch.randint(0, 500, (4, 12))
     with torch.no_grad():
         logits = model(source, None, target)

@@ -47,17 +47,22 @@ def sliced_reference(q, k, v, key_matrix, value_matrix, mask=None):
 # ---- sharing: the paper's parameter counts --------------------------------------------------------------
 
 
+def added_parameters(model: type, slot: str, options: dict, depth: int) -> int:
+    """Parameters a 12-head ``model`` gains from Linformer in ``slot`` (``attention`` or ``cross_attention``):
+    the model with it minus the one with full."""
+
+    def count(spec: str | az.AttentionSpec) -> int:
+        sizes = dict(vocab_size=11, dim=24, depth=depth, heads=12, dim_head=2, max_seq_len=16)
+        config = az.ModelConfig(**sizes, **{slot: spec})
+        return sum(p.numel() for p in model(config).parameters())
+
+    return count(az.AttentionSpec("linformer", options)) - count("full")
+
+
 def projection_parameters(sharing: str, projection: str = "linear", k: int | list[int] = 4, depth: int = 12) -> int:
-    """Parameters a 12-head encoder gains from Linformer: the model with it minus the one with full."""
-
-    def count(attention: str, options: dict) -> int:
-        model = az.TransformerEncoder(
-            vocab_size=11, dim=24, depth=depth, heads=12, dim_head=2, max_seq_len=16, attention=attention,
-            attention_options=options,
-        )  # fmt: skip
-        return sum(p.numel() for p in model.parameters())
-
-    return count("linformer", {"k": k, "sharing": sharing, "projection": projection}) - count("full", {})
+    """Parameters a 12-head encoder gains from Linformer."""
+    options = {"k": k, "sharing": sharing, "projection": projection}
+    return added_parameters(az.TransformerEncoder, "attention", options, depth)
 
 
 @pytest.mark.parametrize(("sharing", "matrices"), [("none", 288), ("headwise", 24), ("kv", 12), ("layerwise", 1)])
@@ -69,16 +74,8 @@ def test_parameter_counts_follow_section_4(sharing, matrices):
 
 
 def cross_projection_parameters(options: dict, depth: int = 12) -> int:
-    """Parameters a 12-head decoder gains from Linformer cross-attention: with it minus with full."""
-
-    def count(cross: str, cross_options: dict) -> int:
-        model = az.TransformerDecoder(
-            11, 24, depth, 12, 16, dim_head=2, cross_attention=cross, cross_attention_options=cross_options,
-            memory_max_seq_len=16,
-        )  # fmt: skip
-        return sum(p.numel() for p in model.parameters())
-
-    return count("linformer", options) - count("full", {})
+    """Parameters a 12-head decoder gains from Linformer cross-attention."""
+    return added_parameters(az.TransformerDecoder, "cross_attention", options, depth)
 
 
 @pytest.mark.parametrize(("sharing", "matrices"), [("none", 288), ("headwise", 24), ("kv", 12), ("layerwise", 1)])
@@ -87,18 +84,19 @@ def test_decoder_cross_attention_shares_across_layers_as_the_encoder_does(sharin
     one E for every layer (it was one per layer), a per-layer k is one entry per layer (it was refused)."""
     assert cross_projection_parameters({"k": 4, "sharing": sharing}) == matrices * 4 * 16
     assert cross_projection_parameters({"k": [8, 4], "sharing": "headwise"}, depth=2) == 2 * (8 + 4) * 16
-    decoder = az.TransformerDecoder(
-        11, 16, 2, 2, 16, attention="linformer_causal",
-        attention_options={"block_size": 8, "block_k": 2, "sharing": "layerwise"},
-        cross_attention="linformer", cross_attention_options={"k": 4, "sharing": "layerwise"}, memory_max_seq_len=16,
-    )  # fmt: skip
+    decoder = az.TransformerDecoder(az.ModelConfig(
+        vocab_size=11, dim=16, depth=2, heads=2, max_seq_len=16,
+        attention="linformer_causal:block_size=8,block_k=2,sharing=layerwise",
+        cross_attention="linformer:k=4,sharing=layerwise",
+    ))  # fmt: skip
     cross = [layer.cross_attn.core.key_projection for layer in decoder.layers]
     own = [layer.self_attn.core.key_projection for layer in decoder.layers]
     assert cross[0] is cross[1] and own[0] is own[1] and cross[0] is not own[0]  # two states, no collision
 
 
 def test_decoder_cross_attention_performer_draws_other_features_in_every_layer():
-    decoder = az.TransformerDecoder(11, 16, 2, 2, 16, cross_attention="performer", memory_max_seq_len=16)
+    config = az.ModelConfig(vocab_size=11, dim=16, depth=2, heads=2, max_seq_len=16, cross_attention="performer")
+    decoder = az.TransformerDecoder(config)
     first, second = (layer.cross_attn.core.projection(torch.device("cpu"), torch.float32) for layer in decoder.layers)
     assert not torch.equal(first, second)
 
@@ -109,10 +107,9 @@ def test_parameter_free_projections_add_no_parameters():
 
 
 def test_layerwise_sharing_is_one_tensor_for_every_layer_and_both_sides():
-    model = az.TransformerEncoder(
-        vocab_size=11, dim=16, depth=3, heads=2, max_seq_len=16, attention="linformer",
-        attention_options={"k": 4, "sharing": "layerwise"},
-    )  # fmt: skip
+    model = az.TransformerEncoder(az.ModelConfig(
+        vocab_size=11, dim=16, depth=3, heads=2, max_seq_len=16, attention="linformer:k=4,sharing=layerwise"
+    ))  # fmt: skip
     cores = [layer.attn.core for layer in model.layers]
     weights = {id(c.key_projection.weight) for c in cores} | {id(c.value_projection.weight) for c in cores}
     assert len(weights) == 1
@@ -130,10 +127,10 @@ def test_kv_sharing_uses_one_matrix_for_keys_and_values():
 
 def test_nonuniform_k_per_layer():
     assert projection_parameters("headwise", k=[8, 4], depth=2) == 2 * (8 + 4) * 16
-    model = az.TransformerEncoder(
-        vocab_size=11, dim=16, depth=3, heads=2, max_seq_len=16, attention="linformer",
-        attention_options={"k": [8, 8, 2], "sharing": "kv"},
-    )  # fmt: skip
+    model = az.TransformerEncoder(az.ModelConfig(
+        vocab_size=11, dim=16, depth=3, heads=2, max_seq_len=16,
+        attention=az.AttentionSpec("linformer", {"k": [8, 8, 2], "sharing": "kv"}),
+    ))  # fmt: skip
     assert [layer.attn.core.key_projection.weight.shape[0] for layer in model.layers] == [8, 8, 2]
     assert model(torch.randint(0, 11, (2, 13))).shape == (2, 13, 16)
 
@@ -290,10 +287,10 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="give one per layer"):
         linformer(k=[8, 4])  # a lone core is one layer
     with pytest.raises(ValueError, match="k must be one int"):
-        az.TransformerEncoder(
-            vocab_size=11, dim=16, depth=2, heads=2, max_seq_len=16, attention="linformer",
-            attention_options={"k": [8, 4], "sharing": "layerwise"},
-        )  # fmt: skip
+        az.TransformerEncoder(az.ModelConfig(
+            vocab_size=11, dim=16, depth=2, heads=2, max_seq_len=16,
+            attention=az.AttentionSpec("linformer", {"k": [8, 4], "sharing": "layerwise"}),
+        ))  # fmt: skip
     first = az.BuildContext(layer_index=0, num_layers=2)
     second = az.BuildContext(layer_index=1, num_layers=2, shared=first.shared)
     az.create_attention("linformer", dim_head=8, heads=2, max_seq_len=64, context=first, k=8, sharing="layerwise")

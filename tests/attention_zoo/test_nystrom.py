@@ -301,7 +301,7 @@ def test_causal_is_refused_with_the_reason():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"num_landmarks": 0}, "num_landmarks must be >= 1"),
+        ({"num_landmarks": 0}, "num_landmarks must be an int >= 1, got 0"),
         ({"pinv_iterations": 0}, "pinv_iterations must be >= 1"),
         ({"conv_kernel_size": 4}, "positive odd int"),
         ({"pinv": "svd"}, "'iterative' \\| 'exact'"),

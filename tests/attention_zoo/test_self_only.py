@@ -39,9 +39,8 @@ def test_an_encoder_on_it_mixes_nothing_across_positions(causal):
     outputs = {}
     for attention in ("self_only", "full"):
         torch.manual_seed(0)
-        model = az.TransformerEncoder(
-            vocab_size=20, dim=16, depth=2, heads=2, max_seq_len=8, attention=attention, causal=causal
-        ).eval()
+        config = az.ModelConfig(vocab_size=20, dim=16, depth=2, heads=2, max_seq_len=8, attention=attention)
+        model = az.TransformerEncoder(config, causal=causal).eval()
         tokens = torch.randint(0, 20, (1, 8))
         changed = tokens.clone()
         changed[0, 3] = (tokens[0, 3] + 1) % 20

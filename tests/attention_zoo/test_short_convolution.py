@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention_zoo.config import ModelConfig
 from attention_zoo.short_convolution import ShortConvolution
 from attention_zoo.transformer import TransformerEncoder
 
@@ -58,14 +59,15 @@ def test_refuses_a_kernel_size_below_one() -> None:
     with pytest.raises(ValueError, match="kernel_size must be >= 1, got 0"):
         ShortConvolution(4, 0)
     with pytest.raises(ValueError, match="short_convolution must be >= 0.*got -1"):
-        TransformerEncoder(16, 8, 1, 2, 8, short_convolution=-1)
+        ModelConfig(vocab_size=16, dim=8, depth=1, heads=2, max_seq_len=8, short_convolution=-1)
 
 
 def test_encoder_applies_it_and_stays_causal() -> None:
     torch.manual_seed(0)
-    plain = TransformerEncoder(16, 8, 1, 2, 12, causal=True)
+    sizes = dict(vocab_size=16, dim=8, depth=1, heads=2, max_seq_len=12)
+    plain = TransformerEncoder(ModelConfig(**sizes), causal=True)
     assert plain.short_convolution is None
-    encoder = TransformerEncoder(16, 8, 1, 2, 12, causal=True, short_convolution=3).double()
+    encoder = TransformerEncoder(ModelConfig(**sizes, short_convolution=3), causal=True).double()
     tokens = torch.randint(0, 16, (2, 12))
     changed = tokens.clone()
     changed[:, 8] = (changed[:, 8] + 1) % 16
@@ -75,6 +77,6 @@ def test_encoder_applies_it_and_stays_causal() -> None:
     with torch.no_grad():
         encoder.short_convolution.conv.weight.zero_()
         encoder.short_convolution.conv.bias.zero_()
-        without = TransformerEncoder(16, 8, 1, 2, 12, causal=True).double()
+        without = TransformerEncoder(ModelConfig(**sizes), causal=True).double()
         without.load_state_dict({k: v for k, v in encoder.state_dict().items() if "short_convolution" not in k})
     torch.testing.assert_close(encoder(tokens), without(tokens), rtol=1e-12, atol=1e-12)

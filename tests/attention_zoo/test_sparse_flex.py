@@ -24,7 +24,7 @@ import attention_zoo as az
 from attention_zoo.masks import pad_mask
 from attention_zoo.sparse.mask_mods import dense_mask
 from tests.attention_zoo.allocations import LargestOutput
-from tests.attention_zoo.test_sparse import reference_allowed
+from tests.attention_zoo.test_sparse import CONFIGS, reference_allowed  # the family's configurations
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -34,16 +34,6 @@ pytestmark = [
 TIGHT = dict(rtol=0.0, atol=1e-10)  # float64: equal up to summation order
 HEADS, DIM_HEAD = 2, 16
 
-CONFIGS = [
-    ("local", {"window": 8}),
-    ("sparse", {"pattern": "strided", "stride": 6}),
-    ("sparse", {"pattern": "fixed", "stride": 8, "summary_columns": 2}),
-    ("sparse", {"pattern": "blockwise", "block_size": 8}),
-    ("sparse", {"pattern": "longformer", "window": 8, "global_tokens": 2}),
-    ("sparse", {"pattern": "bigbird", "block_size": 4, "global_tokens": 4, "random_blocks": 1}),
-    ("bigbird", {"block_size": 4, "random_blocks": 1, "global_placement": "start"}),
-    ("bigbird", {"block_size": 5, "window_blocks": 1, "global_tokens": 2, "random_blocks": 2, "seed": 7}),
-]
 IDS = [f"{name}-{'-'.join(map(str, options.values()))}" for name, options in CONFIGS]
 
 

@@ -187,6 +187,27 @@ def test_every_mechanism_trains_in_every_model(model, name):
     assert all(g is not None and g.abs().sum() > 0 for g in zoo.values()), [k for k, g in zoo.items() if g is None]
 
 
+def test_attention_is_a_spec_string_a_spec_or_a_name_with_keywords():
+    cores = lambda net: [
+        (m.zoo_core.name, m.zoo_core.num_landmarks, m.zoo_core.pinv) for _, m in hf.attention_layers(net)
+    ]
+    by_string = hf.use_attention(build("bert"), "nystrom:num_landmarks=4:pinv=exact")
+    by_spec = hf.use_attention(build("bert"), az.AttentionSpec("nystrom", {"num_landmarks": 4, "pinv": "exact"}))
+    by_keywords = hf.use_attention(build("bert"), "nystrom", num_landmarks=4, pinv="exact")
+    mixed = hf.use_attention(build("bert"), "nystrom:num_landmarks=4", pinv="exact")
+    assert cores(by_string) == cores(by_spec) == cores(by_keywords) == cores(mixed) == [("nystrom", 4, "exact")] * 2
+    assert getattr(by_string.config, hf.CONFIG_ATTRIBUTE)["options"] == {"num_landmarks": 4, "pinv": "exact"}
+
+
+def test_a_bad_spec_is_refused_in_one_line_before_any_layer_changes():
+    net = build("bert")
+    with pytest.raises(ValueError, match=r"option\(s\) k given both in the spec and as keywords"):
+        hf.use_attention(net, "linformer:k=16", k=32)
+    with pytest.raises(ValueError, match="attention 'linformer' has no option 'kk'; valid options: k: "):
+        hf.use_attention(net, "linformer:kk=16")
+    assert not any(hasattr(m, hf.CORE_ATTRIBUTE) for _, m in hf.attention_layers(net))
+
+
 def test_core_parameters_are_submodules_of_their_layers():
     net = hf.use_attention(build("bert"), "nystrom", num_landmarks=4, conv_kernel_size=3)
     core_parameters = [p for _, layer in hf.attention_layers(net) for p in layer.zoo_core.parameters()]
@@ -297,6 +318,18 @@ def test_save_and_reload_round_trips_zoo_parameters(tmp_path, model, name, optio
     ids, mask = batch(model)
     with torch.no_grad():
         assert torch.equal(output(reloaded, ids, mask), output(net, ids, mask))
+
+
+def test_reloading_takes_a_spec_string(tmp_path):
+    net = hf.use_attention(build("bert"), "linformer:k=16")
+    net.save_pretrained(tmp_path)
+    loaded = hf.from_pretrained(AutoModel, tmp_path, "linformer:k=16")
+    assert {m.zoo_core.k for _, m in hf.attention_layers(loaded)} == {16}
+    for (_, a), (_, b) in zip(hf.attention_layers(net), hf.attention_layers(loaded), strict=True):
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip(a.zoo_core.state_dict().values(), b.zoo_core.state_dict().values(), strict=True)
+        )
 
 
 def test_reloading_with_other_options_is_refused(tmp_path):

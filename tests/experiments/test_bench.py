@@ -27,14 +27,14 @@ from experiments.bench import measure as bench_measure
 from experiments.bench import runner as bench_runner
 from experiments.bench import tables as bench_tables
 from experiments.bench import targets
-from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, load_config, parse_attentions
+from experiments.bench.cases import BenchConfig, Case, SweepEntry, expand, invalid_entries, load_config
 from experiments.bench.command import with_baseline
 from experiments.bench.flops import _window_pairs, case_flops
 from experiments.bench.measure import measure_case
+from experiments.bench.plots import write_tensorboard
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner, precheck
 from experiments.bench.store import ResultStore, case_of
-from experiments.compare import command as compare
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:
@@ -50,26 +50,30 @@ def row_of(case: Case, **result) -> dict:
 # --- sweep definition ---------------------------------------------------------------------------------
 
 
-def test_attention_specs_parse_options_and_trailing_assignments():
-    specs = parse_attentions("full,linformer:k=128,lsh:n_hashes=4,bucket_size=64,nystrom:num_landmarks=32:pinv=exact")
-    assert [(s.attention, s.options) for s in specs] == [
+def test_sweep_entries_read_the_flag_syntax_as_typed():
+    text = "full,linformer:k=128,lsh:n_hashes=4,bucket_size=64,nystrom:num_landmarks=32:pinv=exact,x:v=1e3,y:a=yes"
+    entries = load_config(None, {"attentions": text}).attentions
+    assert [e.spec for e in entries] == az.spec.parse_list(text)
+    assert [(e.spec.name, e.spec.options) for e in entries] == [
         ("full", {}),
         ("linformer", {"k": 128}),
         ("lsh", {"n_hashes": 4, "bucket_size": 64}),
         ("nystrom", {"num_landmarks": 32, "pinv": "exact"}),
+        ("x", {"v": 1000.0}),  # bench once read the string '1e3'
+        ("y", {"a": "yes"}),  # and True
     ]
-    assert specs[1].label == "linformer:k=128"
+    assert entries[1].spec.label == "linformer:k=128" and (entries[1].min_seq_len, entries[1].max_seq_len) == (1, None)
     with pytest.raises(ValueError, match="follows no 'name:' entry"):
-        parse_attentions("k=3,full")
+        load_config(None, {"attentions": "k=3,full"})
 
 
-def test_bench_and_compare_read_one_attention_list_alike():
-    """One text, one meaning: compare and bench once read 1e3, yes and a colon-separated option differently."""
-    text = "x:v=1e3,sparse:a=yes,nystrom:num_landmarks=32:pinv=exact,local:window=8:10"
-    bench = [(s.attention, s.options) for s in parse_attentions(text)]
-    assert bench == [(name, options) for name, options in compare.parse_attentions(text)]
-    assert bench == [("x", {"v": 1000.0}), ("sparse", {"a": "yes"}),
-                     ("nystrom", {"num_landmarks": 32, "pinv": "exact"}), ("local", {"window": "8:10"})]  # fmt: skip
+def test_a_sweep_checks_every_entry_against_the_registry(capsys):
+    config = BenchConfig(attentions=[az.AttentionSpec("linformer", {"kk": 8}), az.AttentionSpec("lokal")])
+    problems = invalid_entries(config)
+    assert problems[0].startswith("linformer:kk=8: attention 'linformer' has no option 'kk'; valid options: k: ")
+    assert problems[1].startswith("lokal: unknown attention 'lokal'; known: ")
+    argv = ["bench", "--check-targets", "--attentions", "lokal", "--out", "unused"]
+    assert cli.main(argv) == 2 and "unknown attention 'lokal'; known: " in capsys.readouterr().err
 
 
 def test_yaml_then_command_line(tmp_path):
@@ -97,22 +101,31 @@ def test_yaml_then_command_line(tmp_path):
 
 def test_default_sweep_covers_every_registered_mechanism_and_the_baseline():
     config = with_baseline(BenchConfig())
-    names = [s.attention for s in config.attentions]
+    names = [e.spec.name for e in config.attentions]
     assert set(names) == set(az.list_attentions())
     assert names.count("full") == 1
-    only_linformer = with_baseline(BenchConfig(attentions=[AttentionSpec("linformer", {"k": 8})]))
-    assert only_linformer.attentions[0] == AttentionSpec("full")
+    only_linformer = with_baseline(BenchConfig(attentions=[az.AttentionSpec("linformer", {"k": 8})]))
+    assert only_linformer.attentions[0] == SweepEntry(az.AttentionSpec("full"))
 
 
 def test_case_key_ignores_model_sizes_that_do_not_apply():
-    a = expand(BenchConfig(attentions=[AttentionSpec("full")], dim=32, seq_lens=[64]), "cpu")[0]
-    b = expand(BenchConfig(attentions=[AttentionSpec("full")], dim=64, seq_lens=[64]), "cpu")[0]
+    a = expand(BenchConfig(attentions=[az.AttentionSpec("full")], dim=32, seq_lens=[64]), "cpu")[0]
+    b = expand(BenchConfig(attentions=[az.AttentionSpec("full")], dim=64, seq_lens=[64]), "cpu")[0]
     assert a.key() == b.key()  # the core level has no model width
     c, d = (
-        expand(BenchConfig(attentions=[AttentionSpec("full")], dim=w, levels=["layer"], seq_lens=[64]), "cpu")[0]
+        expand(BenchConfig(attentions=[az.AttentionSpec("full")], dim=w, levels=["layer"], seq_lens=[64]), "cpu")[0]
         for w in (32, 64)
     )
     assert c.key() != d.key()
+
+
+def test_tensorboard_runs_are_named_by_the_spec_folder(tmp_path):
+    rows = [row_of(core_case(name, options), time_ms_median=1.0, peak_mb=1.0) for name, options in
+            (("full", {}), ("linformer", {"k": 16, "sharing": "kv"}), ("local", {"window": 8}))]  # fmt: skip
+    write_tensorboard(rows, tmp_path)
+    folders = {p.name for p in tmp_path.iterdir()}
+    assert folders == {"full", "linformer-k=16-sharing=kv", "local-window=8"}
+    assert folders == {bench_tables.spec(row).folder for row in rows}
 
 
 # --- measuring ----------------------------------------------------------------------------------------
@@ -122,7 +135,7 @@ def test_case_key_ignores_model_sizes_that_do_not_apply():
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_every_level_and_mode_measures(level, mode):
     config = BenchConfig(levels=[level], modes=[mode], seq_lens=[32], heads=[2], dim_head=[8], depth=2)
-    case = expand(dataclasses.replace(config, attentions=[AttentionSpec("full")]), "cpu")[0]
+    case = expand(dataclasses.replace(config, attentions=[az.AttentionSpec("full")]), "cpu")[0]
     result = measure_case(case, repeats=2, warmup=1)
     assert result["status"] == "ok", result
     assert 0 < result["time_ms_min"] <= result["time_ms_median"] <= result["time_ms_max"]
@@ -326,7 +339,7 @@ def test_zoo_bench_end_to_end_in_worker_processes(tmp_path, capsys):
     report = (tmp_path / "report.md").read_text()
     assert "| full | " in report and "1 (the CPU default is 1" in report
     assert list((tmp_path / "plots").glob("*.png"))
-    assert list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert list((tmp_path / "tensorboard" / "full").glob("events.out.tfevents.*"))
     capsys.readouterr()
     assert cli.main(argv) == 0
     assert "resuming: 2 of 2 cases" in capsys.readouterr().out

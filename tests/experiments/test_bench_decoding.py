@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+import attention_zoo as az
 from experiments.bench import measure as bench_measure
 from experiments.bench import tables as bench_tables
-from experiments.bench.cases import AttentionSpec, BenchConfig, Case, expand, load_config
+from experiments.bench.cases import BenchConfig, Case, expand, load_config
 from experiments.bench.flops import case_flops
 from experiments.bench.measure import measure_case
 from experiments.bench.runner import precheck
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tiny_config(**changes) -> BenchConfig:
     fields = dict(
-        attentions=[AttentionSpec("full")],
+        attentions=[az.AttentionSpec("full")],
         levels=["seq2seq"],
         modes=["decode", "decode-recompute"],
         seq_lens=[8],
@@ -34,7 +35,7 @@ def tiny_config(**changes) -> BenchConfig:
     return BenchConfig(**(fields | changes))
 
 
-@pytest.mark.parametrize("attention", [AttentionSpec("full"), AttentionSpec("local", {"window": 4})])
+@pytest.mark.parametrize("attention", [az.AttentionSpec("full"), az.AttentionSpec("local", {"window": 4})])
 def test_decode_modes_run_on_tiny_sizes(attention):
     cases = expand(tiny_config(attentions=[attention]), "cpu")
     assert [c.mode for c in cases] == ["decode", "decode-recompute"]
@@ -55,13 +56,13 @@ def test_decode_modes_need_the_seq2seq_level_and_a_causal_mechanism():
         BenchConfig(modes=["decode"], levels=["core"])
     mixed = expand(tiny_config(levels=["core", "seq2seq"], modes=["fwd", "decode"]), "cpu")
     assert sorted((c.level, c.mode) for c in mixed) == [("core", "fwd"), ("seq2seq", "decode"), ("seq2seq", "fwd")]
-    linformer = expand(tiny_config(attentions=[AttentionSpec("linformer", {"k": 4})]), "cpu")[0]
+    linformer = expand(tiny_config(attentions=[az.AttentionSpec("linformer", {"k": 4})]), "cpu")[0]
     result = precheck(linformer)
     assert result["status"] == "unsupported" and "linformer_causal" in result["detail"]
 
 
 def test_the_decoding_sweep_is_the_issues_setting():
-    config = load_config(ROOT / "experiments" / "bench" / "configs" / "decoding.yaml", {})
+    config = load_config(ROOT / "configs" / "bench" / "decoding.yaml", {})
     assert (config.seq_lens, config.batch, config.threads, config.levels) == ([64], [32], [1], ["seq2seq"])
     assert set(config.modes) == {"decode", "decode-recompute"} and config.device == "cpu"
 
@@ -71,7 +72,7 @@ def row(case: Case, **result) -> dict:
 
 
 def test_decoding_table_gives_the_cache_speedup_per_mechanism():
-    config = tiny_config(attentions=[AttentionSpec("full"), AttentionSpec("local", {"window": 4})])
+    config = tiny_config(attentions=[az.AttentionSpec("full"), az.AttentionSpec("local", {"window": 4})])
     case = {(c.attention, c.mode): c for c in expand(config, "cpu")}
     cached_full, recomputed_full = case["full", "decode"], case["full", "decode-recompute"]
     cached_local, recomputed_local = case["local", "decode"], case["local", "decode-recompute"]
@@ -90,11 +91,11 @@ def test_decoding_table_gives_the_cache_speedup_per_mechanism():
 
 @pytest.mark.parametrize("attention", ["full", "linear", "local"])
 def test_decode_step_mode_times_one_step_after_a_prefill(attention, monkeypatch):
-    config = tiny_config(attentions=[AttentionSpec(attention)], levels=["core"], modes=["decode-step"], seq_lens=[16])
+    config = tiny_config(
+        attentions=[az.AttentionSpec(attention)], levels=["core"], modes=["decode-step"], seq_lens=[16]
+    )
     (case,) = expand(config, "cpu")
     assert (case.level, case.mode) == ("core", "decode-step") and precheck(case) is None
-    import attention_zoo as az
-
     calls = []
     decode = az.AttentionCore.decode
 
@@ -112,7 +113,7 @@ def test_decode_step_mode_times_one_step_after_a_prefill(attention, monkeypatch)
 
 
 def test_decode_step_time_is_per_step_not_per_call(monkeypatch):
-    config = tiny_config(attentions=[AttentionSpec("linear")], levels=["core"], modes=["decode-step"], seq_lens=[16])
+    config = tiny_config(attentions=[az.AttentionSpec("linear")], levels=["core"], modes=["decode-step"], seq_lens=[16])
     (case,) = expand(config, "cpu")
     monkeypatch.setattr(bench_measure, "time_calls", lambda step, warmup, repeats, device: [0.032, 0.048])
     result = measure_case(case, repeats=2, warmup=0)
@@ -123,5 +124,7 @@ def test_decode_step_time_is_per_step_not_per_call(monkeypatch):
 def test_decode_step_needs_the_core_level_and_a_causal_core():
     with pytest.raises(ValueError, match="add level core"):
         BenchConfig(modes=["decode-step"], levels=["seq2seq"])
-    (case,) = expand(tiny_config(attentions=[AttentionSpec("nystrom")], levels=["core"], modes=["decode-step"]), "cpu")
+    (case,) = expand(
+        tiny_config(attentions=[az.AttentionSpec("nystrom")], levels=["core"], modes=["decode-step"]), "cpu"
+    )
     assert precheck(case)["status"] == "unsupported"

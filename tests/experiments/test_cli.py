@@ -116,11 +116,11 @@ def test_parser_errors_shrink_to_their_useful_line():
 
 
 def test_only_a_bare_verbose_is_zoos(monkeypatch):
-    from tasks.cli import _take_verbose
+    from tasks.cli import take_verbose
 
     monkeypatch.delenv("ZOO_VERBOSE", raising=False)
-    assert _take_verbose(["-c", "x.yaml", "--verbose"]) == (["-c", "x.yaml"], True)
-    assert _take_verbose(["--verbose", "--model.dim", "8"]) == (["--model.dim", "8"], True)
-    assert _take_verbose(["--verbose", "false"]) == (["--verbose", "false"], False)  # Lightning's (validate, test)
+    assert take_verbose(["-c", "x.yaml", "--verbose"]) == (["-c", "x.yaml"], True)
+    assert take_verbose(["--verbose", "--model.dim", "8"]) == (["--model.dim", "8"], True)
+    assert take_verbose(["--verbose", "false"]) == (["--verbose", "false"], False)  # Lightning's (validate, test)
     monkeypatch.setenv("ZOO_VERBOSE", "1")
-    assert _take_verbose([]) == ([], True)
+    assert take_verbose([]) == ([], True)

@@ -18,48 +18,34 @@ import yaml
 
 import attention_zoo as az
 from experiments.compare import command as compare
-from experiments.compare.runs import failure_reason
+from experiments.compare.runs import attention_arguments, failure_reason
 from experiments.compare.tensorboard_layout import read_layout
 from tasks.data import recall
+from tests.experiments.tiny_recall import compare_command, fit_args, runs_of
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_parse_attentions_entries_and_options():
-    assert compare.parse_attentions("full,linformer:k=32,sharing=kv,local:window=16") == [
-        ("full", None),
-        ("linformer", {"k": 32, "sharing": "kv"}),
-        ("local", {"window": 16}),
-    ]
-    assert compare.parse_attentions(" full , nystrom:pinv=exact,conv_kernel_size=null ") == [
-        ("full", None),
-        ("nystrom", {"pinv": "exact", "conv_kernel_size": None}),
-    ]
-    assert compare.parse_attentions("sparse:seed=3,x=1.5,y=true") == [("sparse", {"seed": 3, "x": 1.5, "y": True})]
-
-
-@pytest.mark.parametrize("text", ["k=3", "full,k=3", "linformer:k", "linformer:=3"])
-def test_parse_attentions_rejects_options_without_an_entry(text):
-    with pytest.raises(ValueError, match="--attentions"):
-        compare.parse_attentions(text)
 
 
 def test_default_plan_is_every_mechanism_that_takes_padding_masks_with_its_defaults():
     entries = compare.plan(None, {"full": {"backend": "sdpa"}})
     expected = [n for n in az.list_attentions() if az.get_attention_class(n).supports_mask]
-    assert [e.attention for e in entries] == expected == [e.label for e in entries]
-    by_name = {e.attention: e for e in entries}
-    assert by_name["full"].options == {"backend": "sdpa"} and by_name["full"].options_from == "config"
-    for entry in (e for e in entries if e.attention != "full"):
-        assert (entry.options, entry.options_from) == ({}, "defaults")
+    assert [e.spec.name for e in entries] == expected == [e.label for e in entries]
+    by_name = {e.spec.name: e for e in entries}
+    assert by_name["full"].spec.options == {"backend": "sdpa"} and by_name["full"].options_from == "config"
+    for entry in (e for e in entries if e.spec.name != "full"):
+        assert (entry.spec.options, entry.options_from) == ({}, "defaults")
 
 
 def test_options_come_from_the_command_line_then_the_config():
-    entries = compare.plan("full,full:backend=math", {"full": {"backend": "sdpa"}})
-    assert [(e.label, e.options, e.options_from) for e in entries] == [
-        ("full-backend=sdpa", {"backend": "sdpa"}, "config"),
-        ("full-backend=math", {"backend": "math"}, "command line"),
+    entries = compare.plan("full,full:backend=math,local", {"full": {"backend": "sdpa"}})
+    assert [(e.label, e.spec, e.options_from) for e in entries] == [
+        ("full-backend=sdpa", az.AttentionSpec("full", {"backend": "sdpa"}), "config"),
+        ("full-backend=math", az.AttentionSpec("full", {"backend": "math"}), "command line"),
+        ("local", az.AttentionSpec("local"), "defaults"),
     ]
+    twins = compare.plan("local,local:window=8:impl=dense", {})  # a twin without options: name-defaults
+    assert [e.label for e in twins] == ["local-defaults", "local-window=8-impl=dense"]
+    assert [e.label for e in twins] == ["local-defaults", twins[1].spec.folder]
 
 
 def test_plan_rejects_unknown_names_and_duplicates():
@@ -71,21 +57,65 @@ def test_plan_rejects_unknown_names_and_duplicates():
         compare.plan("linformer:k=32,sharing=kv,linformer:sharing=kv,k=32", {})
 
 
+def test_plan_checks_every_entry_against_the_registry_in_one_line():
+    with pytest.raises(ValueError) as error:
+        compare.plan("full,linformer:kk=32,local:window=abc", {})
+    message = str(error.value)
+    assert "\n" not in message
+    assert "attention 'linformer' has no option 'kk'; valid options: k: " in message
+    assert "attention 'local': option window='abc' is not a valid int" in message
+    with pytest.raises(ValueError, match="attention 'nystrom' has no option 'k'"):  # the config's options too
+        compare.plan("full,nystrom", {"nystrom": {"k": 8}})
+
+
 @pytest.mark.parametrize("text", ["", " ", ",", " , ,"])
 def test_an_empty_attention_list_is_refused_not_read_as_every_mechanism(text):
     with pytest.raises(ValueError, match="names no mechanism"):
         compare.plan(text, {})
 
 
-def test_an_option_given_twice_in_one_entry_is_refused():
-    with pytest.raises(ValueError, match="option 'k' given twice for 'linformer'"):
-        compare.parse_attentions("linformer:k=32,k=64")
-
-
 def test_option_values_run_as_typed_not_as_yaml_1_1_reads_them():
-    assert compare.parse_attentions("local:window=8:10")[0][1] == {"window": "8:10"}  # YAML 1.1: 490
-    values = compare.parse_attentions("sparse:a=yes,b=off,c=1e3,d=3,e=null,f=true,g=-2,h=none")[0][1]
-    assert values == {"a": "yes", "b": "off", "c": 1000.0, "d": 3, "e": None, "f": True, "g": -2, "h": "none"}
+    with pytest.raises(ValueError, match="window='8:10' is not a valid int"):  # YAML 1.1 would run window=490
+        compare.plan("local:window=8:10", {})
+    (entry,) = compare.plan("nystrom:num_landmarks=8:pinv=exact", {})
+    assert entry.spec.options == {"num_landmarks": 8, "pinv": "exact"}
+
+
+def test_a_spec_reaches_the_task_with_its_typed_options():
+    """compare hands a spec to ``zoo fit`` as ``attention_arguments`` (the name, and the options as JSON): the task
+    records the very options, each of its type (a float written 1e-1, a string that YAML 1.1 reads as null)."""
+    from tasks.cli import build
+
+    for text in ("full:dropout=1e-1,backend=math", "linformer:k=8,sharing=none,projection=mean_pool"):
+        spec = az.AttentionSpec.parse(text).checked()
+        model, _ = build(["-c", str(ROOT / "configs" / "recall.yaml"), *attention_arguments(spec), "--data.seq_len=64"])
+        recorded = model.hparams["attention_options"]
+        assert az.AttentionSpec(model.hparams["attention"], recorded) == spec
+        assert {k: type(v) for k, v in recorded.items()} == {k: type(v) for k, v in spec.options.items()}
+
+
+def test_one_spec_string_means_one_name_and_options_in_compare_bench_and_the_hf_integration():
+    """The walk from ``--attentions linformer:k=32,sharing=kv`` to a core: compare's plan, bench's sweep and the
+    Hugging Face integration read the same text as the same name and typed options."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModel, BertConfig
+
+    from attention_zoo.integrations import transformers as hf
+    from experiments.bench.cases import expand, load_config
+
+    text = "linformer:k=32,sharing=kv"
+    expected = az.AttentionSpec("linformer", {"k": 32, "sharing": "kv"})
+    (entry,) = compare.plan(text, {})
+    cases = expand(load_config(None, {"attentions": text, "seq_lens": [64]}), "cpu")
+    config = BertConfig(vocab_size=32, max_position_embeddings=64, hidden_size=16, intermediate_size=32,
+                        num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+    model = hf.use_attention(AutoModel.from_config(config, attn_implementation="sdpa"), text)
+    stored = getattr(model.config, hf.CONFIG_ATTRIBUTE)
+    cores = [module.zoo_core for _, module in hf.attention_layers(model)]
+    assert entry.spec == cases[0].spec == az.AttentionSpec(stored["attention"], stored["options"]) == expected
+    assert [type(v) for v in entry.spec.options.values()] == [type(v) for v in cases[0].spec.options.values()]
+    assert [type(v) for v in stored["options"].values()] == [int, str]
+    assert {(c.name, c.k, c.sharing) for c in cores} == {("linformer", 32, "kv")}
 
 
 def test_experiment_directory_resumes_the_same_comparison_and_never_touches_another(tmp_path):
@@ -169,10 +199,10 @@ def test_the_default_budgets_are_below_the_demand_of_its_task():
 
 
 def test_check_entries_lists_every_bad_entry_before_anything_runs():
-    entries = compare.plan("full,linformer:k=abc,local:window=7", {})
+    entries = compare.plan("full,linformer:k=0,local:window=7", {})  # well-typed options that no core takes
     problems, _ = compare.check_entries(entries, str(ROOT / "configs" / "recall.yaml"), ["--data.seq_len=64"])
     assert [label for label, _ in problems] == ["linformer", "local"]
-    assert "k='abc'" in problems[0][1] and "window must be an even int" in problems[1][1]
+    assert "k=0 must be in [1" in problems[0][1] and "window must be an even int" in problems[1][1]
     listed = compare.entry_problems(problems, 3)
     assert listed.startswith("2 of 3 entries cannot be built, nothing was run:\n  linformer: ")
     same = [("full", "--seed_everything -3: ..."), ("local", "--seed_everything -3: ...")]
@@ -191,31 +221,14 @@ def test_compare_end_to_end_with_seeds_a_failure_an_interruption_and_a_resume(tm
                 "runs_dir": str(tmp_path / "runs"),
                 "seeds": 2,
                 "options": {"full": {"backend": "math"}},
-                "fit_args": [
-                    "--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
-                    "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16",
-                    "--model.depth=1", "--model.warmup_steps=1", "--trainer.max_steps=4",
-                    "--trainer.val_check_interval=2", "--trainer.log_every_n_steps=1",
-                ],
+                "fit_args": fit_args(),
             }
         )
     )  # fmt: skip
-    env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache")}
-    command = [
-        sys.executable,
-        "-m",
-        "experiments.cli",
-        "compare",
-        "--config",
-        str(tiny),
-        "--attentions",
-        "full,local:window=8",
-    ]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+    zoo = compare_command(tmp_path / "cache", ROOT, "--config", str(tiny), "--attentions", "full,local:window=8")
+    result = zoo()
     experiment = tmp_path / "runs" / "tiny"
-    with open(experiment / "runs.csv") as file:
-        runs = list(csv.DictReader(file))
+    runs = runs_of(result, experiment)
     assert [(r["mechanism"], r["seed"], r["status"]) for r in runs] == [
         ("full", "0", "ok"),
         ("local", "0", "ok"),
@@ -255,14 +268,14 @@ def test_compare_end_to_end_with_seeds_a_failure_an_interruption_and_a_resume(tm
     assert len(table) >= 6 and max(len(line) for line in table) <= 120  # readable in a 120-column terminal
 
     # a rerun resumes: nothing runs again; one more seed adds exactly two runs
-    again = subprocess.run([*command, "--seeds", "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    again = zoo("--seeds", "3")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming" in again.stdout and "4 finished earlier" in again.stdout
     with open(experiment / "runs.csv") as file:
         assert [(r["mechanism"], r["seed"]) for r in csv.DictReader(file)][-2:] == [("full", "2"), ("local", "2")]
     # a different comparison in the same directory is refused, and nothing in it changes
     before = (experiment / "runs.csv").read_text()
-    other = subprocess.run([*command, "--", "--model.dim=32"], cwd=ROOT, env=env, capture_output=True, text=True)
+    other = zoo("--", "--model.dim=32")
     assert other.returncode == 2 and "holds a different comparison" in other.stderr
     assert (experiment / "runs.csv").read_text() == before
 

@@ -11,7 +11,7 @@ import pytest
 
 import attention_zoo as az
 from experiments.gpu import report, suite, targets
-from experiments.gpu.measure import RAW_SDPA, Workload
+from experiments.gpu.measure import RAW_SDPA, RAW_SDPA_FLASH, Workload
 
 #: what a remote GPU run can hand back
 MAX_FILES, MAX_BYTES = 8, 16 * 2**20
@@ -45,7 +45,7 @@ def test_smoke_measures_every_target_and_every_registered_mechanism(smoke):
     _, out = smoke
     rows = rows_of(out)
     verdicts = [r for r in rows if r["kind"] == "target"]
-    assert [v["attention"] for v in verdicts] == [t.attention for t in targets.TARGETS]
+    assert [v["attention"] for v in verdicts] == [t.spec.name for t in targets.TARGETS]
     assert all(v["speedup"] > 0 and v["met"] in (True, False) and v["smoke"] for v in verdicts)
     registry = {r["attention"]: r["status"] for r in rows if r["kind"] == "measure" and r["grid"] == "registry"}
     assert registry == {RAW_SDPA: "ok"} | dict.fromkeys(az.list_attentions(), "ok")
@@ -85,7 +85,7 @@ def test_bad_arguments_are_refused_with_what_is_allowed(tmp_path, capsys):
 
 
 def test_target_verdicts():
-    full, window, lsh = (next(t for t in targets.TARGETS if t.attention == a) for a in ("full", "local", "lsh"))
+    full, window, lsh = (next(t for t in targets.TARGETS if t.spec.name == a) for a in ("full", "local", "lsh"))
     assert targets.window_target(16384, 1024) == pytest.approx(0.75 * 16384 / 1152)
     reference = {"status": "ok", "time_ms": 100.0}
     assert targets.evaluate(full, {"status": "ok", "time_ms": 104.9, "seq_len": 8}, reference)["met"]
@@ -102,7 +102,7 @@ def test_crossover_is_the_length_from_which_a_mechanism_stays_faster():
         return {"kind": "measure", "grid": "g", "status": "ok", "label": label, "mode": "fwd", "seq_len": n,
                 "time_ms": ms}  # fmt: skip
 
-    flash = f"{RAW_SDPA} backend=flash"
+    flash = RAW_SDPA_FLASH.label
     rows = [row(flash, n, ms) for n, ms in ((512, 1.0), (1024, 2.0), (2048, 4.0), (4096, 8.0))]
     rows += [row("a", n, ms) for n, ms in ((512, 0.5), (1024, 3.0), (2048, 3.0), (4096, 4.0))]  # dips, then stays
     rows += [row("b", n, ms) for n, ms in ((512, 2.0), (1024, 4.0), (2048, 8.0), (4096, 16.0))]
@@ -113,7 +113,10 @@ def test_crossover_is_the_length_from_which_a_mechanism_stays_faster():
 
 
 def test_byte_estimate_counts_each_input_and_output_once():
-    workload = Workload("full", 1024, dtype="bfloat16", batch=2, heads=3, dim_head=64)
+    workload = Workload(az.AttentionSpec("full"), 1024, dtype="bfloat16", batch=2, heads=3, dim_head=64)
     elements = 2 * 3 * 1024 * 64
     assert workload.io_bytes() == 12 * elements * 2  # q k v out dout read/written, dq dk dv written
-    assert Workload("full", 1024, mode="fwd", dtype="float32", batch=2, heads=3).io_bytes() == 4 * elements * 4
+    assert (
+        Workload(az.AttentionSpec("full"), 1024, mode="fwd", dtype="float32", batch=2, heads=3).io_bytes()
+        == 4 * elements * 4
+    )

@@ -6,11 +6,9 @@ its own."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import site
-import subprocess
 import sys
 import sysconfig
 import threading
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import attention_zoo as az
 from experiments.compare import command as compare
 from experiments.compare.runs import (
     Entry,
@@ -30,14 +29,9 @@ from experiments.compare.runs import (
     portable_text,
     readable_checkpoint,
 )
+from tests.experiments.tiny_recall import RECALL, ROOT, compare_command, fit_args, runs_of
 
-ROOT = Path(__file__).resolve().parents[2]
-RECALL = str(ROOT / "configs" / "recall.yaml")
-TINY_FIT_ARGS = [
-    "--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
-    "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
-    "--model.warmup_steps=1", "--trainer.max_steps=2", "--trainer.val_check_interval=2",
-]  # fmt: skip
+TINY_FIT_ARGS = fit_args(max_steps=2)
 #: a fit argument every entry fails on: a setting the comparison refuses first never reaches the entries' check
 UNBUILDABLE = ["--fit_args", json.dumps(["--trainer.no_such_option=1"])]
 
@@ -51,9 +45,9 @@ def refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 def test_options_after_a_colon_and_the_same_entry_reordered_is_refused():
-    assert compare.parse_attentions("nystrom:num_landmarks=8:pinv=exact,local:window=8:10") == [
-        ("nystrom", {"num_landmarks": 8, "pinv": "exact"}),
-        ("local", {"window": "8:10"}),  # a value with a colon stays whole
+    assert [e.spec for e in compare.plan("nystrom:num_landmarks=8:pinv=exact,local:window=8", {})] == [
+        az.AttentionSpec("nystrom", {"num_landmarks": 8, "pinv": "exact"}),
+        az.AttentionSpec("local", {"window": 8}),
     ]
     with pytest.raises(ValueError, match="same mechanism and options twice: nystrom-pinv=exact-num_landmarks=8$"):
         compare.plan("nystrom:num_landmarks=8:pinv=exact,nystrom:pinv=exact:num_landmarks=8", {})
@@ -62,7 +56,7 @@ def test_options_after_a_colon_and_the_same_entry_reordered_is_refused():
 
 
 def test_an_experiment_named_beyond_the_basic_multilingual_plane_reaches_zoo_fit_whole(tmp_path):
-    run = Run(Entry("local", {"note": "🐍"}, "command line", "local"), 0)
+    run = Run(Entry(az.AttentionSpec("local", {"note": "🐍"}), "command line", "local"), 0)
     command = fit_command(run, RECALL, tmp_path / "snake🐍", [], vary_data_order=False)
     # jsonargparse reads a JSON value with its YAML loader, which takes \ud83d\udc0d as two broken characters
     logger = yaml.safe_load(command[command.index("--trainer.logger") + 1])
@@ -137,7 +131,7 @@ def test_control_adds_the_self_only_arm_once():
 
 
 def test_a_run_whose_checkpoint_is_unreadable_is_not_started_and_names_its_way_out(tmp_path):
-    run = Run(Entry("full", {}, "defaults", "full"), 0)
+    run = Run(Entry(az.AttentionSpec("full"), "defaults", "full"), 0)
     run_dir = run.directory(tmp_path / "exp")
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04" + bytes(100))  # a zip cut short
@@ -182,15 +176,11 @@ def test_a_broken_run_restarts_alone_and_no_file_names_a_machine_path(tmp_path):
     the control arm and zoo test; its files name no machine path. A run with a truncated checkpoint and a corrupt
     run.json then trains anew with --restart while the control's run stays as it was; an unlogged --metric stops
     the next command at the first finished run, before the runs of a new seed."""
-    env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache")}
-    base = [sys.executable, "-m", "experiments.cli", "compare", "--task_config", RECALL, "--experiment", "snake🐍",
-            "--attentions", "full", "--control", "--test", "true", "--fit_args", json.dumps(TINY_FIT_ARGS)]  # fmt: skip
-    zoo = lambda *more: subprocess.run([*base, *more], cwd=tmp_path, env=env, capture_output=True, text=True)
-    result = zoo()
-    assert result.returncode == 0, result.stdout + result.stderr
+    args = ["--task_config", RECALL, "--experiment", "snake🐍", "--attentions", "full", "--control", "--test", "true"]
+    zoo = compare_command(tmp_path / "cache", tmp_path, *args, "--fit_args", json.dumps(TINY_FIT_ARGS))
     experiment = tmp_path / "runs" / "snake🐍"
-    with open(experiment / "runs.csv") as file:
-        rows = list(csv.DictReader(file))
+    result = zoo()
+    rows = runs_of(result, experiment)
     assert [(r["mechanism"], r["status"], r["run_dir"]) for r in rows] == [
         ("full", "ok", "runs/snake🐍/full/seed-0"),
         ("self_only", "ok", "runs/snake🐍/self_only/seed-0"),

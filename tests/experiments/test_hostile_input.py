@@ -1,4 +1,4 @@
-"""Hostile input and faults (issue 15): every case ends in one line that names the bad value and what is
+"""Hostile input and faults: every case ends in one line that names the bad value and what is
 allowed, with the exit code, the files left afterwards and nothing earlier lost checked. CLI cases run
 ``zoo`` in a subprocess (``python -m experiments.cli``); their variants, and the library cases, run
 in-process. One tiny trained checkpoint serves the whole module."""
@@ -22,7 +22,7 @@ from jsonargparse import Namespace
 
 import attention_zoo as az
 from experiments.bench import command as bench
-from experiments.bench.cases import AttentionSpec, BenchConfig, invalid_entries, load_config
+from experiments.bench.cases import BenchConfig, invalid_entries, load_config
 from experiments.compare import command as compare
 from tasks.base import ConfigError, read_checkpoint
 from tasks.cli import check_training_length
@@ -135,11 +135,11 @@ def test_bench_settings_are_checked_by_type_and_range(changes, expected):
 
 def test_bench_entries_refused_only_when_no_size_of_the_sweep_accepts_them():
     # Linformer's k must not exceed n: k=128 is fine for the n=256 cases (n=64 is recorded per case)
-    sized = [AttentionSpec("linformer", {"k": 128})]
+    sized = [az.AttentionSpec("linformer", {"k": 128})]
     assert invalid_entries(BenchConfig(attentions=sized, seq_lens=[64, 256], heads=[2], dim_head=[8])) == []
     (problem,) = invalid_entries(BenchConfig(attentions=sized, seq_lens=[64], heads=[2], dim_head=[8]))
     assert problem.startswith("linformer:k=128: ") and "k=128 must be in [1, max_seq_len=64]" in problem
-    unknown = invalid_entries(BenchConfig(attentions=[AttentionSpec("linformr")], seq_lens=[64]))
+    unknown = invalid_entries(BenchConfig(attentions=[az.AttentionSpec("linformr")], seq_lens=[64]))
     assert unknown == [f"linformr: unknown attention 'linformr'; known: {', '.join(az.list_attentions())}"]
 
 
@@ -350,7 +350,8 @@ def test_unwritable_save_dir_is_one_line(trained, tmp_path):
 @pytest.mark.parametrize("kind", ["encoder", "decoder"])
 def test_token_ids_outside_the_vocabulary_are_named(kind, bad):
     sizes = dict(vocab_size=10, dim=8, depth=1, heads=2, max_seq_len=8)
-    model = az.TransformerEncoder(**sizes) if kind == "encoder" else az.TransformerDecoder(**sizes)
+    config = az.ModelConfig(**sizes)
+    model = az.TransformerEncoder(config) if kind == "encoder" else az.TransformerDecoder(config)
     run = (lambda t: model(t)) if kind == "encoder" else (lambda t: model(t, torch.zeros(1, 3, 8)))
     assert run(torch.tensor([[0, 9, 3]])).shape == (1, 3, 8)  # both ends of the vocabulary are fine
     with pytest.raises(ValueError, match=rf"token id {bad} is out of range for vocab_size=10: ids must be in \[0, 9\]"):
@@ -638,13 +639,13 @@ def compare_args(runs: Path, attentions: str, experiment: str) -> list[str]:
 
 def test_compare_refuses_every_bad_entry_before_anything_runs(tmp_path):
     runs = tmp_path / "runs"
-    result = zoo(compare_args(runs, "full,linformer:k=abc,local:window=7", "bad"), tmp_path / "cache")
+    result = zoo(compare_args(runs, "full,linformer:k=0,local:window=7", "bad"), tmp_path / "cache")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "zoo compare: error: 2 of 3 entries cannot be built, nothing was run:\n" in result.stderr
     lines = [line.strip() for line in result.stderr.splitlines()]
     (linformer,) = [line for line in lines if line.startswith("linformer: ")]
     (local,) = [line for line in lines if line.startswith("local: ")]
-    assert "k='abc'" in linformer and "window must be an even int >= 2" in local and "got 7" in local
+    assert "k=0 must be in [1" in linformer and "window must be an even int >= 2" in local and "got 7" in local
     assert not runs.exists()  # nothing ran, nothing was written (full, the valid entry, did not run first)
 
 

@@ -17,13 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_run_writes_its_log_and_returns_its_exit_code(tmp_path):
-    listed = preload.start(["list"], tmp_path / "list.log", dict(os.environ), threads=1)
-    assert isinstance(listed, preload.ForkedRun)
-    assert listed.wait(120) == 0 and listed.poll() == 0
-    assert "linformer" in (tmp_path / "list.log").read_text()
-    unknown = preload.start(["no-such-command"], tmp_path / "bad.log", dict(os.environ), threads=1)
-    assert unknown.wait(120) == 2
-    assert "unknown command 'no-such-command'" in (tmp_path / "bad.log").read_text()
+    helped = preload.start(["validate", "--help"], tmp_path / "help.log", dict(os.environ), threads=1)
+    assert isinstance(helped, preload.ForkedRun)
+    assert helped.wait(120) == 0 and helped.poll() == 0
+    assert "--ckpt_path" in (tmp_path / "help.log").read_text()
+
+
+def test_a_run_is_a_task_command(tmp_path):
+    """Only what :mod:`tasks.cli` runs: the forked run never goes through the ``zoo`` command table."""
+    for args in (["list"], []):
+        with pytest.raises(ValueError, match=r"a run is zoo fit \| validate \| test <args>"):
+            preload.start(args, tmp_path / "bad.log", dict(os.environ), threads=1)
+    assert not (tmp_path / "bad.log").exists()
 
 
 def test_a_run_sees_the_environment_it_was_given(tmp_path):
@@ -54,7 +59,7 @@ def test_a_run_leads_its_own_session_and_is_stopped_by_a_signal(tmp_path):
 
 def test_without_forkserver_a_run_is_a_plain_subprocess(tmp_path, monkeypatch):
     monkeypatch.setattr(preload.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
-    listed = preload.start(["list"], tmp_path / "list.log", dict(os.environ), threads=1)
-    assert isinstance(listed, subprocess.Popen)
-    assert listed.wait(120) == 0
-    assert "linformer" in (tmp_path / "list.log").read_text()
+    helped = preload.start(["validate", "--help"], tmp_path / "help.log", dict(os.environ), threads=1)
+    assert isinstance(helped, subprocess.Popen)
+    assert helped.wait(120) == 0
+    assert "--ckpt_path" in (tmp_path / "help.log").read_text()

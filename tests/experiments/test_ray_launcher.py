@@ -1,5 +1,6 @@
-"""``--launcher ray`` for ``zoo compare`` and ``zoo bench`` (``experiments/ray_launcher.py``), and one training
-run over two "nodes" under torchrun (gloo on CPU).
+"""``--launcher ray`` for ``zoo compare`` and ``zoo bench`` (``experiments/ray_launcher.py``,
+``experiments/compare/ray_runs.py``, ``experiments/bench/ray_runs.py``), and one training run over two "nodes"
+under torchrun (gloo on CPU).
 
 Without Ray: ``--launcher ray`` is a one-line error naming the extra, and ``--launcher local`` never imports
 Ray. With Ray (tests marked ``ray``; skipped where Ray is not installed, ``-m 'not ray'`` deselects them): one
@@ -10,7 +11,6 @@ missing runs, a crashing run recorded; ``zoo bench`` writes the local path's row
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -23,16 +23,9 @@ import pytest
 
 from experiments import cli
 from experiments.bench.store import ResultStore
+from tests.experiments.tiny_recall import RECALL, ROOT, fit_args, read_csv
 
-ROOT = Path(__file__).resolve().parents[2]
-RECALL = str(ROOT / "configs" / "recall.yaml")
-#: the tiny recall run of tests/experiments/test_compare.py (a few seconds per run, most of it start-up)
-TINY_FIT_ARGS = [
-    "--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32", "--data.train_size=64",
-    "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
-    "--model.warmup_steps=1", "--trainer.max_steps=4", "--trainer.val_check_interval=2",
-    "--trainer.log_every_n_steps=1",
-]  # fmt: skip
+TINY_FIT_ARGS = fit_args()
 TINY_BENCH = ["bench", "--attentions", "full", "--seq-lens", "32,64", "--heads", "2", "--dim-head", "8"]
 TINY_BENCH += ["--repeats", "2", "--device", "cpu"]
 
@@ -42,12 +35,6 @@ def compare_argv(runs: Path, experiment: str, attentions: str = "full,local:wind
         "compare", "--task_config", RECALL, "--attentions", attentions, "--seeds", str(seeds),
         "--runs_dir", str(runs), "--experiment", experiment, "--fit_args", json.dumps(TINY_FIT_ARGS),
     ]  # fmt: skip
-
-
-def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    with open(path) as file:
-        reader = csv.DictReader(file)
-        return list(reader.fieldnames or []), list(reader)
 
 
 @pytest.fixture(autouse=True)

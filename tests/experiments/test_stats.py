@@ -236,14 +236,14 @@ def test_zoo_report_uses_the_same_paired_verdicts(tmp_path):
 
 
 def test_every_summary_gives_the_smallest_on_par_margin_and_the_gap_to_the_control(tmp_path):
-    from experiments.compare.summary import write_outputs
+    from experiments.compare.summary import write_summary
 
     runs = rows({
         "full": [0.90, 0.80, 0.95],
         "nystrom": [0.85, 0.70, 0.92],
         "self_only": [0.30, 0.25, 0.40],
     })  # fmt: skip
-    summary = {s["mechanism"]: s for s in write_outputs(tmp_path, runs, ["# t"])}
+    summary = {s["mechanism"]: s for s in write_summary(tmp_path, runs, ["# t"])}
     nystrom, control = summary["nystrom"]["difference"], summary["self_only"]["difference"]
     assert summary["nystrom"]["gap_fraction"] == pytest.approx(nystrom.mean / control.mean)
     assert summary["self_only"]["gap_fraction"] == pytest.approx(1.0) and summary["full"]["gap_fraction"] is None
@@ -257,7 +257,7 @@ def test_every_summary_gives_the_smallest_on_par_margin_and_the_gap_to_the_contr
     assert f"| {nystrom.on_par_margin:.3f} | {nystrom.mean / control.mean:.2f} |" in line
     without = tmp_path / "without"
     without.mkdir()
-    write_outputs(without, [r for r in runs if r["mechanism"] != "self_only"], ["# t"])
+    write_summary(without, [r for r in runs if r["mechanism"] != "self_only"], ["# t"])
     assert "Δ / Δ control" not in (without / "summary.md").read_text()
 
 

@@ -1,7 +1,8 @@
-"""The built wheel carries what the commands read at run time: ``zoo compare``'s default config and the task
-config it names, every study's compare config and the task config each names (``configs/`` of the repository,
-package data of ``experiments`` through the link ``experiments/configs``), and the installed code finds them
-inside the installed package (``importlib.resources``), not next to it in a source tree."""
+"""The built wheel carries every config of ``configs/`` (package data of ``experiments`` through the link
+``experiments/configs``): ``zoo compare``'s default and the task config it names, the task configs, the bench
+sweeps (``configs/bench/``), every study's compare config (``configs/studies/<study>/``) and the task config each
+names; and the installed code finds them inside the installed package (``importlib.resources``), not next to it
+in a source tree."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 #: what setuptools reads to build the wheel (pyproject.toml names README.md as the readme)
 SOURCES = ("pyproject.toml", "README.md", "configs", "attention_zoo", "tasks", "experiments")
-STUDY_CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "experiments" / "studies").rglob("*.yaml"))
+#: every config, as a path inside configs/ (and so inside experiments/configs/ of the installed package)
+CONFIGS = sorted(p.relative_to(ROOT / "configs").as_posix() for p in (ROOT / "configs").rglob("*.yaml"))
+STUDY_CONFIGS = [name for name in CONFIGS if name.startswith("studies/")]
+BENCH_CONFIGS = [name for name in CONFIGS if name.startswith("bench/")]
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +47,15 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_default_compare_config_the_study_configs_and_the_task_configs_they_name(wheel):
+def test_the_wheel_holds_every_config_and_the_task_configs_the_compare_configs_name(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    default = "experiments/configs/compare.yaml"
-    assert default in names
-    task = yaml.safe_load((ROOT / "configs" / "compare.yaml").read_text())["task_config"]
-    assert posixpath.normpath(posixpath.join(posixpath.dirname(default), task)) in names
-    task_configs = [f"experiments/configs/{path.name}" for path in (ROOT / "configs").glob("*.yaml")]
-    assert STUDY_CONFIGS and {*STUDY_CONFIGS, *task_configs} <= names
-    for study in STUDY_CONFIGS:
-        task = yaml.safe_load((ROOT / study).read_text()).get("task_config")
-        if task is not None:  # relative to the study's config, inside the installed package
-            assert posixpath.normpath(posixpath.join(posixpath.dirname(study), task)) in names, study
+    assert STUDY_CONFIGS and BENCH_CONFIGS and "compare.yaml" in CONFIGS
+    assert {f"experiments/configs/{name}" for name in CONFIGS} <= names
+    for name in ["compare.yaml", *STUDY_CONFIGS]:
+        task = yaml.safe_load((ROOT / "configs" / name).read_text()).get("task_config")
+        if task is not None:  # relative to the compare config, inside the installed package
+            installed = posixpath.dirname(f"experiments/configs/{name}")
+            assert posixpath.normpath(posixpath.join(installed, task)) in names, name
 
 
 def test_the_installed_commands_find_their_configs_inside_the_installed_package(wheel, tmp_path):
@@ -63,16 +64,19 @@ def test_the_installed_commands_find_their_configs_inside_the_installed_package(
     probe = f"""
 import json, sys
 import experiments
+from experiments.bench.cases import load_config
 from experiments.compare import command
 from experiments.studies import mlm
 parser = command.build_parser()
 studies = {{}}
 for name in {STUDY_CONFIGS!r}:
-    config = parser.parse_args(["--config", str(experiments.__path__[0] + "/" + name.split("/", 1)[1])])
+    config = parser.parse_args(["--config", str(command.CONFIGS / name)])
     studies[name] = config.task_config.absolute if config.task_config else None
+bench = {{name: load_config(command.CONFIGS / name, {{}}).seq_lens for name in {BENCH_CONFIGS!r}}}
 default = parser.parse_args(["--config", str(command.DEFAULT_CONFIG)])
 print(json.dumps({{"package": experiments.__path__[0], "default": str(command.DEFAULT_CONFIG),
-                  "task": default.task_config.absolute, "mlm": str(mlm.CONFIGS), "studies": studies}}))
+                  "task": default.task_config.absolute, "mlm": str(mlm.CONFIGS), "studies": studies,
+                  "bench": bench}}))
 """
     env = os.environ | {"PYTHONPATH": str(site)}
     # run outside the source tree: only the unpacked wheel provides experiments, tasks and attention_zoo
@@ -83,7 +87,9 @@ print(json.dumps({{"package": experiments.__path__[0], "default": str(command.DE
     assert Path(found["default"]) == site / "experiments" / "configs" / "compare.yaml"
     task = Path(os.path.realpath(found["task"]))
     assert task.is_file() and task.is_relative_to(site) and task.parent == site / "experiments" / "configs"
-    assert Path(found["mlm"]) == site / "experiments" / "studies" / "linformer_mlm"
+    assert Path(found["mlm"]) == site / "experiments" / "configs" / "studies" / "linformer_mlm"
+    assert sorted(found["studies"]) == STUDY_CONFIGS and sorted(found["bench"]) == BENCH_CONFIGS
     for study, task in found["studies"].items():
-        if task is not None:
-            assert Path(task).is_file() and Path(os.path.realpath(task)).is_relative_to(site), study
+        assert task is not None and Path(task).is_file(), study
+        assert Path(os.path.realpath(task)).is_relative_to(site), study
+    assert all(found["bench"].values())

@@ -1,4 +1,4 @@
-"""The translation data options for the compression re-run (issue 27): the near-duplicate key and the splits
+"""The translation data options for long, leak-free pairs: the near-duplicate key and the splits
 it drives (``split_by``, ``dedupe_normalised``), pseudo-documents (``messages_per_document``), their cache keys,
 and the length report (:mod:`experiments.studies.translation_lengths`). Tiny .mo catalogs written here, the
 real BPE; every test has its own cache."""

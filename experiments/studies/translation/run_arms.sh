@@ -13,7 +13,7 @@ case "$design" in
   messages) prefix=tr-msg k=4 blocks='{block_size: 4, block_k: 1}' ;;
   *) echo "run_arms.sh: design must be 'documents' or 'messages', got '$design'" >&2; exit 2 ;;
 esac
-config=experiments/studies/translation/$design.yaml
+config=configs/studies/translation/$design.yaml
 for n in $(seq 1 "$seeds"); do
   zoo compare --config "$config" --seeds "$n" --attentions full --experiment "$prefix-full"
   zoo compare --config "$config" --seeds "$n" --attentions "linformer:k=$k" --experiment "$prefix-linformer-k$k" \

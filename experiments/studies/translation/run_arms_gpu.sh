@@ -53,7 +53,7 @@ ls $ZOO_CACHE/translation | sort > "$out/cache_before.txt"
 PYTHONPATH=$site python3 -c "import sys, torch, lightning, tokenizers, sacrebleu, jsonargparse; print(sys.version.split()[0], 'torch', torch.__version__, 'lightning', lightning.__version__, 'tokenizers', tokenizers.__version__, 'sacrebleu', sacrebleu.__version__, 'jsonargparse', jsonargparse.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 echo "setup $(( $(date +%s) - t0 )) s"
 
-config=experiments/studies/translation/messages.yaml
+config=configs/studies/translation/messages.yaml
 pids=(); names=()
 launch() {  # name seed args...
   local name=$1 seed=$2; shift 2

@@ -1,31 +1,25 @@
 """A/B of the band kernel against its version at a git revision, in one process, interleaved rounds.
 
-    python results/cpu_peers/band_kernel_drafts/ab_revision.py 8cf3cd2 > ab_softmax.jsonl
+    python -m results.cpu_peers.band_kernel_drafts.ab_revision 8cf3cd2 \
+        > results/cpu_peers/band_kernel_drafts/ab_softmax.jsonl
 
 B = 1, H = 8, D = 64, float32, one thread, forward + backward, non-causal, the tile the `local` core picks;
-minimum over the rounds of each. Run from the repository root.
+minimum over the rounds of each. The revision must hold the kernel as ``attention_zoo/band_attention.py``, its
+file before it moved to ``attention_zoo/sparse/band.py``.
 """
 
-import importlib.util
 import json
-import subprocess
 import sys
-import tempfile
 
 import torch
 
 from attention_zoo.sparse import band as band_attention
 from attention_zoo.sparse.patterns import LocalPattern
 from experiments.bench.paired_ratio import interleaved_seconds
+from results.ab_timing import at_commit
 
 revision = sys.argv[1]
-source = subprocess.run(["git", "show", f"{revision}:attention_zoo/sparse/band.py"], capture_output=True,
-                        text=True, check=True).stdout  # fmt: skip
-with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
-    file.write(source)
-spec = importlib.util.spec_from_file_location("band_attention_then", file.name)
-then = sys.modules["band_attention_then"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(then)
+then = at_commit(revision, "attention_zoo/band_attention.py", "band_attention_then")
 torch.set_num_threads(1)
 for n in (2048, 4096):
     for window in (192, 384, 768):

@@ -4,35 +4,24 @@ int32 stable sort that puts unrouted pairs last, a slot without division when no
 batches of both compared, exactly, on 300 random selections (blocks of 1-5 keys, 0-3 picks, budgets of 1-199
 scores: lists cut and not) and on the gate's selections at n = 4096, block 128, top-k 4, B = 1, H = 8; then
 timed there, interleaved, one thread, minimum of 15 calls, four times.
-    python results/cpu_targets/moba_flash/layout_ab.py [--commit C]
+
+    python -m results.cpu_targets.moba_flash.layout_ab [--commit C]
 """
 
 import argparse
-import importlib.util
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
 import torch
 from einops import reduce
 
 import attention_zoo as az
 from attention_zoo.moba.layout import gated_layout
+from results.ab_timing import at_commit, best_ms
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--commit", default="abedbc0")
 args = parser.parse_args()
 torch.set_num_threads(1)
-source = subprocess.run(["git", "show", f"{args.commit}:attention_zoo/moba/layout.py"], capture_output=True,
-                        text=True, check=True).stdout  # fmt: skip
-path = Path(tempfile.mkdtemp()) / "moba_layout_at_commit.py"
-path.write_text(source)
-spec = importlib.util.spec_from_file_location("moba_layout_at_commit", path)
-old = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = old
-spec.loader.exec_module(old)
+old = at_commit(args.commit, "attention_zoo/moba_layout.py", "moba_layout_at_commit")
 
 
 def assert_same(a, b) -> None:
@@ -57,19 +46,10 @@ q, k = (torch.randn(1, 8, n, 64, generator=generator) for _ in range(2))
 sums = reduce(k, "b h (g j) d -> b h g d", "sum", j=128)
 
 
-def best(call, calls: int = 15) -> float:
-    seconds = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        seconds.append(time.perf_counter() - start)
-    return min(seconds) * 1e3
-
-
 for causal in (True, False):
     gated = core.select_blocks(q, sums, torch.full((1, 32), 128.0), offset=0, causal=causal)[..., 1:]
     assert_same(old.gated_layout(gated, 128, 1 << 19), gated_layout(gated, 128, 1 << 19))
     for _ in range(4):
-        at_commit = best(lambda g=gated: old.gated_layout(g, 128, 1 << 19))
-        now = best(lambda g=gated: gated_layout(g, 128, 1 << 19))
-        print(f"n = {n}, causal = {causal}: the same batches; {args.commit} {at_commit:.2f} ms, now {now:.2f} ms")
+        then = best_ms(lambda g=gated: old.gated_layout(g, 128, 1 << 19), 15)
+        now = best_ms(lambda g=gated: gated_layout(g, 128, 1 << 19), 15)
+        print(f"n = {n}, causal = {causal}: the same batches; {args.commit} {then:.2f} ms, now {now:.2f} ms")

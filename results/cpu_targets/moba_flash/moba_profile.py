@@ -1,7 +1,7 @@
 """Where causal MoBA's fwd + bwd goes on the CPU (n = 4096, block 128, top-k 4, B = 1, H = 8, D = 64, float32,
 one thread): torch.profiler over two warm steps, ms per step; the gathers, scatters and fills by input shape.
 
-    python results/cpu_targets/moba_flash/moba_profile.py
+    python -m results.cpu_targets.moba_flash.moba_profile
 """
 
 from collections import defaultdict
@@ -10,19 +10,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import attention_zoo as az
+from results.ab_timing import fwd_bwd, inputs
 
 torch.set_num_threads(1)
 n, steps = 4096, 2
 core = az.create_attention("moba", dim_head=64, heads=8, max_seq_len=n, block_size=128, top_k=4)
-generator = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, 8, n, 64, generator=generator).requires_grad_() for _ in range(3))
-grad = torch.randn(1, 8, n, 64, generator=generator)
-
-
-def step() -> None:
-    core(q, k, v, causal=True).backward(grad)
-    q.grad = k.grad = v.grad = None
-
+q, k, v, grad = inputs(n)
+step = fwd_bwd(lambda: core(q, k, v, causal=True), grad, q, k, v)
 
 for _ in range(2):
     step()

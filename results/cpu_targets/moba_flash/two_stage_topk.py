@@ -2,12 +2,13 @@
 top 4 of the maxima of groups of 4 or 8 blocks, then the top 4 of those groups' members; exact: a block in the top
 4 has its group among the 4 best groups) against one torch.topk, on causal-masked scores of B = 1, H = 8 and n / 128
 blocks; values and picks compared first; one thread, minimum of 7 calls.
-    python results/cpu_targets/moba_flash/two_stage_topk.py
+
+    python -m results.cpu_targets.moba_flash.two_stage_topk
 """
 
-import time
-
 import torch
+
+from results.ab_timing import best_ms
 
 torch.set_num_threads(1)
 
@@ -25,15 +26,6 @@ def two_stage(s, k, group):
     return best.values, members.gather(-1, best.indices)
 
 
-def best(f, r=7):
-    ts = []
-    for _ in range(r):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return min(ts) * 1e3
-
-
 g = torch.Generator().manual_seed(0)
 for n in (2048, 4096, 8192):
     blocks = n // 128
@@ -48,6 +40,6 @@ for n in (2048, 4096, 8192):
         assert torch.equal(i[fin], ref.indices[fin]), "indices"
     print(
         n,
-        f"topk {best(lambda s=s: s.topk(4, dim=-1)):.2f}",
-        *(f"two-stage/{gr} {best(lambda s=s, gr=gr: two_stage(s, 4, gr)):.2f}" for gr in (4, 8)),
+        f"topk {best_ms(lambda s=s: s.topk(4, dim=-1), 7):.2f}",
+        *(f"two-stage/{gr} {best_ms(lambda s=s, gr=gr: two_stage(s, 4, gr), 7):.2f}" for gr in (4, 8)),
     )

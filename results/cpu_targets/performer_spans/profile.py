@@ -1,21 +1,20 @@
 """Causal Performer (m = 256, spans) under torch.profiler at n = 4096: fwd + bwd, B = 1, H = 8, D = 64, float32, one
 thread, after two warm-up steps; the matrix products' share, FLOPs and rate, and the top operators.
 
-    python results/cpu_targets/performer_spans/profile.py
+    python -m results.cpu_targets.performer_spans.profile
 """
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import attention_zoo as az
+from results.ab_timing import inputs
 
 MATMULS = ("aten::bmm", "aten::mm", "aten::baddbmm", "aten::addmm", "aten::matmul")
 
 torch.set_num_threads(1)
 n = 4096
-generator = torch.Generator().manual_seed(0)
-q, k, v = (torch.randn(1, 8, n, 64, generator=generator).requires_grad_() for _ in range(3))
-grad = torch.randn(1, 8, n, 64, generator=generator)
+q, k, v, grad = inputs(n)
 core = az.create_attention("performer", dim_head=64, heads=8, nb_features=256)
 for _ in range(2):
     core(q, k, v, causal=True).backward(grad)
