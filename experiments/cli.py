@@ -27,6 +27,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "train one task per attention and seed; summary with intervals, plots",
     ),
+    "lra": (
+        "experiments.lra.command",
+        "main",
+        "the Long Range Arena suite: zoo compare per task, the LRA table beside the published ones",
+    ),
     "report": (
         "experiments.compare.report",
         "main",

@@ -36,7 +36,7 @@ from tasks.callbacks import RunRecord, SpeedAndMemory
 
 Stage = Literal["train", "val", "test"]
 #: the learning-rate schedule after warm-up (:meth:`ZooTask.configure_optimizers`)
-Schedule = Literal["cosine", "constant"]
+Schedule = Literal["cosine", "linear", "constant"]
 STAGES: tuple[Stage, ...] = ("train", "val", "test")
 
 
@@ -69,7 +69,9 @@ class ZooTask(pl.LightningModule):
         lr: peak learning rate of AdamW.
         weight_decay: AdamW weight decay (not applied to biases, norms or other 1-D parameters).
         warmup_steps: linear warm-up steps before the schedule.
-        schedule: ``cosine`` decays to 0 at the last step; ``constant`` keeps ``lr`` after warm-up.
+        schedule: ``cosine`` decays to 0 at the last step; ``linear`` decays linearly to 0 at the last step (the
+            Nystromformer authors' LRA code: ``OneCycleLR(anneal_strategy="linear")``); ``constant`` keeps ``lr``
+            after warm-up.
     """
 
     #: the data module's ``target`` this task trains on ("sequence", "token", "translation")
@@ -137,6 +139,8 @@ class ZooTask(pl.LightningModule):
             if schedule == "constant":
                 return 1.0
             progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            if schedule == "linear":
+                return 1.0 - progress
             return 0.5 * (1.0 + math.cos(math.pi * progress))
 
         # named under train/ so that TensorBoard lists it with the training curves, after the val/ cards

@@ -61,15 +61,16 @@ class SequenceClassification(EncoderTask):
         )
 
     def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        # b: batch, n: positions, d: model width, c: classes
-        hidden = self.encoder(tokens, mask)
+        return self.head(self.pool(self.encoder(tokens, mask), mask))
+
+    def pool(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """``(B, N, d)`` hidden states -> ``(B, d)``: their mean over real tokens, or the state at position 0."""
+        # b: batch, n: positions, d: model width
         if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            weights = mask.to(hidden.dtype)
-            summed = reduce(hidden * weights[..., None], "b n d -> b d", "sum")
-            pooled = summed / reduce(weights, "b n -> b", "sum").clamp(min=1.0)[:, None]
-        return self.head(pooled)
+            return hidden[:, 0]
+        weights = mask.to(hidden.dtype)
+        summed = reduce(hidden * weights[..., None], "b n d -> b d", "sum")
+        return summed / reduce(weights, "b n -> b", "sum").clamp(min=1.0)[:, None]
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(logits, labels)

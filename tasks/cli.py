@@ -59,7 +59,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from tasks import classification, data, token_prediction, translation  # noqa: F401  (short class names in configs)
+from tasks import classification, data, retrieval, token_prediction, translation  # noqa: F401  (short names)
 from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatches
 from tasks.callbacks import SaveConfigToRun
 from tasks.data.base import DataError

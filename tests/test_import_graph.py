@@ -17,6 +17,8 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.files import write_files
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("attention_zoo", "tasks", "experiments")
 #: package -> the packages it must not import
@@ -203,10 +205,7 @@ def test_the_graph_sees_lazy_imports_string_imports_and_cycles(tmp_path):
         "tasks/__init__.py": "",
         "tasks/base.py": "",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    found = imports(tmp_path)
+    found = imports(write_files(tmp_path, files))
     edges = experiment_edges(found)
     assert edges == {"experiments.cli": {"experiments.a"}, "experiments.a": {"experiments.b"},
                      "experiments.b": {"experiments.a"}}  # fmt: skip

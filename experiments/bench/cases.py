@@ -294,20 +294,9 @@ def expand(config: BenchConfig, device: str) -> list[Case]:
         for entry in config.attentions:
             if not entry.fits(n):
                 continue
-            common = dict(
-                attention=entry.spec.name,
-                options=dict(entry.spec.options),
-                level=level,
-                mode=mode,
-                dtype=dtype,
-                device=device,
-                seq_len=n,
-                heads=heads,
-                dim_head=dim_head,
-                threads=threads,
-                causal=config.causal,
-                **model,
-            )
+            common = dict(attention=entry.spec.name, options=dict(entry.spec.options), level=level, mode=mode,
+                          dtype=dtype, device=device, seq_len=n, heads=heads, dim_head=dim_head, threads=threads,
+                          causal=config.causal, **model)  # fmt: skip
             cases.extend(Case(batch=b, **common) for b in config.batch)
             if config.max_batch:
                 cases.append(Case(batch=None, kind="max_batch", **common))

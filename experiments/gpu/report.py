@@ -34,6 +34,7 @@ ROW_FIELDS: dict[str, tuple[str, ...]] = {
     "target": ("target", "attention", "met"),
     "measure": ("grid", "label", "mode", "seq_len", "status"),
     "compare": ("summary_md",),
+    "lra": ("task", "run", "ok", "reason"),
 }
 FLASH, FULL = RAW_SDPA_FLASH.label, "full"
 

@@ -15,6 +15,8 @@ skipped step never loses the others' results:
    and peak memory (``max_memory_allocated``) as its runs log them.
 5. ``grids``: :mod:`experiments.gpu.grids` (per-mechanism floors, Nystromformer-table crossovers against
    flash, Linformer Table 3), each length only while the budget lasts.
+6. ``lra``, only when named (``--steps lra``, best alone): the next batch of the reference-scale Long Range Arena
+   suite, several runs at once (:mod:`experiments.gpu.lra`); it adds ``lra.tar.gz`` and ``lra-resume.tar.gz``.
 
 What comes back is at most 7 files, flat under ``--out``: ``report.md``, ``results.jsonl`` (one line per
 measurement, target verdict and step), ``env.json``, ``pytest.log``, ``compare.log``, ``compare.tar.gz``
@@ -55,7 +57,10 @@ from experiments.gpu import environment, grids, report, targets
 from experiments.gpu.measure import RAW_SDPA_FLASH, Workload, measure
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the steps of a run without --steps, in their order
 STEPS = ("environment", "targets", "conformance", "compare", "grids")
+#: every step, in its order: lra spans many GPU windows and runs only when named
+ALL_STEPS = (*STEPS, "lra")
 #: the largest share of the whole budget one subprocess step may take
 STEP_SHARE = {"conformance": 0.35, "compare": 0.3}
 CONFORMANCE_FILES = ("tests/attention_zoo/test_device_conformance.py", "tests/attention_zoo/test_sparse_flex.py")
@@ -218,6 +223,16 @@ class Suite:
             raise StepCut(f"{done} workloads measured, {cut} left out by the budget")
         return f"{done} workloads measured"
 
+    def lra(self, allotted: float) -> str:
+        from experiments.gpu import lra
+
+        suite = lra.smoke_suite(self.work) if self.smoke else lra.SUITES / "reference.yaml"
+        return lra.run_batch(
+            self.out, self.work, seconds=allotted, suite_path=suite, concurrency=2 if self.smoke else 4,
+            committed=self.work / "no-committed" if self.smoke else lra.COMMITTED,  # a smoke batch starts bare
+            device=str(self.env.get("name") or self.device), record=self.record,
+        )  # fmt: skip
+
     def close(self) -> None:
         self.results.close()
         report.write(self.out, self.env, self.rows, self.smoke)
@@ -302,7 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zoo gpu-suite", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="results folder (at most 7 files, flat)")
     parser.add_argument("--budget-min", type=float, default=8.0, help="minutes for the whole suite (default 8)")
-    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"comma-separated subset of {','.join(ALL_STEPS)} (default: all but lra)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on whatever device is present")
     parser.add_argument("--report-only", action="store_true", help="only rewrite report.md from --out's results")
     return parser
@@ -314,10 +333,10 @@ def _problem(args: argparse.Namespace, steps: list[str]) -> str | None:
         return f"--out {args.out} is a file, not a folder"
     if args.report_only:
         return None if (args.out / "results.jsonl").is_file() else f"--out {args.out} holds no results.jsonl"
-    unknown = [s for s in steps if s not in STEPS]
+    unknown = [s for s in steps if s not in ALL_STEPS]
     if unknown or not steps:
         given = f"unknown step(s) {', '.join(unknown)}" if unknown else f"--steps {args.steps!r} names no step"
-        return f"{given}; choose from {', '.join(STEPS)}"
+        return f"{given}; choose from {', '.join(ALL_STEPS)}"
     if not (math.isfinite(args.budget_min) and args.budget_min > 0):
         return f"--budget-min must be a finite number of minutes > 0, got {args.budget_min}"
     if not args.smoke and not torch.cuda.is_available():
@@ -354,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "environment" not in steps:
             suite.env = environment.describe(device)
-        for name in (s for s in STEPS if s in steps):
+        for name in (s for s in ALL_STEPS if s in steps):
             suite.run_step(name, getattr(suite, name))
     except KeyboardInterrupt:
         print("[gpu-suite] interrupted: writing the report of what finished", flush=True)

@@ -224,6 +224,11 @@ class TextClassificationDataModule(TokenizedDataModule):
     is below it), the file's vocabulary size for ``tokenizer_file``. Texts longer than ``max_seq_len``
     tokens are an error unless ``truncation`` says what to keep; truncation is reported with a warning.
 
+    Long Range Arena's Text task (Tay et al. 2020, arXiv:2011.04006) is this module on the aclImdb folder with
+    ``tokenizer="byte"``, ``truncation="keep_head"`` and ``max_seq_len=1000``: the length of LRA's released
+    ``text_classification`` config and of the Nystromformer authors' LRA data (the paper says 4K), each review's
+    first 1000 UTF-8 bytes as ``lra_benchmarks/text_classification/input_pipeline.py`` cuts them.
+
     Args:
         data_dir: folder in the aclImdb layout (``train/<label>/*.txt``, ``test/<label>/*.txt``, optional ``val/``).
         train_file: CSV, TSV or JSONL file of training examples.
@@ -314,7 +319,11 @@ class TextClassificationDataModule(TokenizedDataModule):
             )
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if self.data_dir is not None and not (self.data_dir / "train").is_dir():
-            raise FileNotFoundError(f"data_dir {data_dir!r} has no train/ folder (expected the aclImdb layout)")
+            raise FileNotFoundError(
+                f"data_dir {data_dir!r} has no train/ folder: put the reviews there in the aclImdb layout "
+                f"(train/pos, train/neg, test/pos, test/neg: aclImdb_v1.tar.gz from "
+                f"https://ai.stanford.edu/~amaas/data/sentiment/, extracted), or give train_file or hf_dataset"
+            )
         self.files = {
             split: Path(f) for split, f in zip(SPLITS, (train_file, val_file, test_file), strict=True) if f is not None
         }

@@ -1,5 +1,6 @@
 """One flag is enough: ``zoo fit -c <config> --model.attention NAME`` builds and trains, with no attention
-option, for every config in ``configs/`` and every registered mechanism (each option has a default).
+option, for every task config in ``configs/`` (and the LRA lite ones of ListOps, Text and Retrieval) and every
+registered mechanism (each option has a default).
 
 Each config is parsed once by the real CLI parser at its own sizes (the real ``max_seq_len``, vocabulary and
 model), then every mechanism is built from that config with only ``attention`` changed and takes one
@@ -19,6 +20,12 @@ from tasks.cli import build
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.startswith("compare"))
+#: the Long Range Arena tasks at their lite scale (the reference lengths, up to 2 x 4000, would take minutes here)
+CONFIGS += [ROOT / "configs" / "lra" / "lite" / f"{task}.yaml" for task in ("listops", "text", "retrieval")]
+
+
+def config_id(path: Path) -> str:
+    return "-".join(path.relative_to(ROOT / "configs").with_suffix("").parts)
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +35,22 @@ def text_file(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
-def test_every_mechanism_trains_with_the_attention_flag_alone(config, text_file, monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def aan_folder(tmp_path_factory) -> Path:
+    """The LRA release's AAN pair files (label, id1, id2, text1, text2; texts as bytes literals), one pair each."""
+    folder = tmp_path_factory.mktemp("tsv_data")
+    for split in ("train", "eval", "test"):
+        (folder / f"new_aan_pairs.{split}.tsv").write_text("1\tP1\tP2\tb'a first paper'\tb'a second paper'\n")
+    return folder
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+def test_every_mechanism_trains_with_the_attention_flag_alone(config, text_file, aan_folder, monkeypatch, tmp_path):
     monkeypatch.setenv("ZOO_CACHE", str(tmp_path / "cache"))
     extra = {
         "text": ["--data.data_dir", "null", "--data.train_file", str(text_file)],
         "translation": ["--data.source", "synthetic"],  # the installed catalogs are not needed to build the model
+        "retrieval": ["--data.data_dir", str(aan_folder)],
     }.get(config.stem, [])
     task, data = build(["-c", str(config), *extra])
     accepted = inspect.signature(type(task).__init__).parameters
@@ -52,8 +69,9 @@ def test_every_mechanism_trains_with_the_attention_flag_alone(config, text_file,
         step = lambda model: model.loss(model(batch), batch["target_out"])
     else:
         n = data.max_seq_len
-        tokens = torch.randint(1, data.vocab_size, (1, n))
-        mask = torch.ones(1, n, dtype=torch.bool)
+        shape = (1, 2, n) if data.target == "pair" else (1, n)  # a pair of documents, each of the full length
+        tokens = torch.randint(1, data.vocab_size, shape)
+        mask = torch.ones(shape, dtype=torch.bool)
         labels = torch.randint(0, data.num_classes, (1, n) if data.target == "token" else (1,))
         step = lambda model: model.loss(model(tokens, mask), labels)
     failures = []
