@@ -193,18 +193,9 @@ class SparseAttention(PatternAttention):
         authors' code; ``"start"`` the first g; default g = 2 block_size); ``random_blocks`` r and ``seed``
         (bigbird). ``impl`` as in ``"local"``: ``"auto"`` (flex on CUDA, blocked elsewhere), ``"flex"``,
         ``"blocked"`` or ``"dense"``."""
-        chosen = pattern_named(
-            pattern,
-            stride=stride,
-            summary_columns=summary_columns,
-            block_size=block_size,
-            window=window,
-            window_blocks=window_blocks,
-            global_tokens=global_tokens,
-            random_blocks=random_blocks,
-            seed=seed,
-            global_placement=global_placement,
-        )
+        chosen = pattern_named(pattern, stride=stride, summary_columns=summary_columns, block_size=block_size,
+                               window=window, window_blocks=window_blocks, global_tokens=global_tokens,
+                               random_blocks=random_blocks, seed=seed, global_placement=global_placement)  # fmt: skip
         super().__init__(geometry, pattern=chosen, impl=impl)
 
 
