@@ -7,6 +7,7 @@ Options of a mechanism are the keyword-only parameters of its ``__init__``, afte
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import types
 import typing
@@ -111,7 +112,9 @@ def get_attention_class(name: str) -> type[AttentionCore]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown attention {name!r}; known: {', '.join(list_attentions())}") from None
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown attention {name!r}; known: {', '.join(list_attentions())}{hint}") from None
 
 
 @dataclass(frozen=True)

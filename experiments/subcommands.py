@@ -5,8 +5,10 @@ does not import the ``zoo`` command table that imports it."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
+from collections.abc import Iterable
 
 
 def dispatch(
@@ -28,7 +30,14 @@ def dispatch(
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in commands:
-        print(f"{prog}: unknown {noun} {name!r}; choose from {', '.join(commands)}", file=sys.stderr)
+        print(f"{prog}: unknown {noun} {name!r}{did_you_mean(name, commands)}; choose from {', '.join(commands)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     module, function, _ = commands[name]
     return getattr(importlib.import_module(module), function)(rest) or 0
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'list'?)`` for the known name closest to a misspelt ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

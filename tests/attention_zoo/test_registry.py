@@ -43,9 +43,14 @@ def test_a_filter_that_is_not_a_bool_is_refused(flag, value):
         az.list_attentions(**{flag: value})
 
 
-def test_unknown_name_lists_known_names():
-    with pytest.raises(ValueError, match=r"unknown attention 'fulll'; known: .*full"):
+def test_unknown_name_lists_known_names_and_the_closest_one():
+    with pytest.raises(ValueError, match=r"unknown attention 'fulll'; known: .*full.*; did you mean 'full'\?$"):
         az.create_attention("fulll", dim_head=8, heads=2)
+    with pytest.raises(ValueError, match=r"did you mean 'linformer'\?"):
+        az.AttentionSpec.parse("linformr:k=4").checked()
+    with pytest.raises(ValueError) as unknown:
+        az.create_attention("xyzzy", dim_head=8, heads=2)
+    assert "did you mean" not in str(unknown.value)  # nothing close: no guess
 
 
 def test_unknown_option_names_valid_options():

@@ -28,9 +28,11 @@ def test_zoo_list_says_which_cores_support_double_backward(capsys):
     assert "grad²" in capsys.readouterr().out
 
 
-def test_unknown_command_is_an_error(capsys):
+def test_unknown_command_is_an_error_with_the_closest_command(capsys):
     assert cli.main(["lsit"]) == 2
-    assert "unknown command 'lsit'" in capsys.readouterr().err
+    assert "unknown command 'lsit' (did you mean 'list'?); choose from " in capsys.readouterr().err
+    assert cli.main(["comapre"]) == 2 and "(did you mean 'compare'?)" in capsys.readouterr().err
+    assert cli.main(["xyzzy"]) == 2 and "did you mean" not in capsys.readouterr().err  # nothing close: no guess
 
 
 def softmax_attention_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -140,7 +140,8 @@ def test_bench_entries_refused_only_when_no_size_of_the_sweep_accepts_them():
     (problem,) = invalid_entries(BenchConfig(attentions=sized, seq_lens=[64], heads=[2], dim_head=[8]))
     assert problem.startswith("linformer:k=128: ") and "k=128 must be in [1, max_seq_len=64]" in problem
     unknown = invalid_entries(BenchConfig(attentions=[az.AttentionSpec("linformr")], seq_lens=[64]))
-    assert unknown == [f"linformr: unknown attention 'linformr'; known: {', '.join(az.list_attentions())}"]
+    known = ", ".join(az.list_attentions())
+    assert unknown == [f"linformr: unknown attention 'linformr'; known: {known}; did you mean 'linformer'?"]
 
 
 def test_bench_sweep_of_no_case_is_refused(tmp_path, capsys):
