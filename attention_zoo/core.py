@@ -39,6 +39,8 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from attention_zoo import packing
+
 Approximation = Literal["none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing"]
 APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 
@@ -55,6 +57,7 @@ CAPABILITIES: tuple[str, ...] = (
     "position_free_queries",
     "supports_double_backward",
     "mixes_positions",
+    "supports_segments",
 )
 
 
@@ -161,6 +164,12 @@ class AttentionCore(nn.Module):
     #: a position's output reads other positions (every attention); False only for the ``self_only`` control,
     #: whose output is the position's own value vector, so queries and keys get zero gradients
     mixes_positions: ClassVar[bool] = True
+    #: takes packed rows (``segments``, :mod:`attention_zoo.packing`): every document's output equals the core on
+    #: that document alone. A core declares it once the conformance suite's packed-equals-alone tests pass for it;
+    #: one without it refuses ``segments``
+    supports_segments: ClassVar[bool] = False
+    #: why a core without ``supports_segments`` cannot keep the packed-equals-alone equality (``zoo list``)
+    segments_refusal: ClassVar[str] = "it does not declare supports_segments"
 
     def __init_subclass__(cls, **capabilities: Any) -> None:
         """Set the capabilities a subclass declares in its class statement; an unknown name (a typo such as
@@ -237,17 +246,69 @@ class AttentionCore(nn.Module):
                 f"[{minimum}, {max(limit, default)}] ({why}){hint}"
             )
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        segments: Tensor | None = None,
+        key_segments: Tensor | None = None,
+    ) -> Tensor:
+        """``segments`` (B, S + 1): the queries' document boundaries for packed rows (:mod:`attention_zoo.packing`);
+        ``key_segments``: the keys' (default ``segments``; needed for cross-attention), with the same S."""
         self.check_inputs(q, k, v, mask, causal)
         if self.max_seq_len is None:
             self.check_length_bounds(k.shape[-2], "the key length")
+        if segments is None and key_segments is not None:
+            raise ValueError(
+                f"{self.name or type(self).__name__}: key_segments needs segments (the queries' boundaries)"
+            )
+        if segments is not None:
+            segments, key_segments = self.check_segments(q, k, mask, segments, key_segments)
         if q.numel() == 0 or k.shape[-2] == 0:
             return self.guard_double_backward(self.no_attention(q, k, v))
         if mask is not None:
             shared = self.needs_shared_qk and q is k
             k, v = zero_padded(k, mask), zero_padded(v, mask)
             q = k if shared else q
+        if segments is not None:
+            assert key_segments is not None
+            out = self.attend_segments(q, k, v, segments=segments, key_segments=key_segments, causal=causal)
+            return self.guard_double_backward(out)
         return self.guard_double_backward(self.attend(q, k, v, mask=mask, causal=causal))
+
+    def check_segments(
+        self, q: Tensor, k: Tensor, mask: Tensor | None, segments: Tensor, key_segments: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The validated (segments, key_segments) of a packed call, or one-line ValueError."""
+        name = self.name or type(self).__name__
+        if not self.supports_segments:
+            raise ValueError(f"{name} does not take packed rows (segments): {self.segments_refusal}")
+        b, nq, nk = q.shape[0], q.shape[-2], k.shape[-2]
+        if key_segments is None and nq != nk:
+            raise ValueError(f"{name}: cross-attention with segments needs key_segments (the keys' boundaries)")
+        segments = packing.check_segments(segments, nq, b, name=name, device=q.device,
+                                          mask=mask if key_segments is None else None)  # fmt: skip
+        if key_segments is None:
+            return segments, segments
+        key_segments = packing.check_segments(key_segments, nk, b, name=f"{name} (key_segments)", mask=mask,
+                                              device=q.device)  # fmt: skip
+        if key_segments.shape != segments.shape:
+            raise ValueError(
+                f"{name}: segments {tuple(segments.shape)} and key_segments {tuple(key_segments.shape)} must hold the "
+                "same number of documents per row (query document s reads key document s)"
+            )
+        return segments, key_segments
+
+    def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
+                        causal: bool) -> Tensor:  # fmt: skip
+        """The mechanism on packed rows, called with validated input: by default each document on its own through
+        :func:`~attention_zoo.packing.unpacked_attention` (one padded call; exact when the core's output on a
+        padded sequence equals its output on the sequence alone). Cores override it with a packed form."""
+        return packing.unpacked_attention(self.attend, q, k, v, segments, key_segments, causal=causal)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         """The mechanism itself, called with validated input."""

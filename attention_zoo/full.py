@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
+from attention_zoo import packing
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, refuse_double_backward
 from attention_zoo.decoding.cache import KeyValueState, builds_graph
 from attention_zoo.masks import allowed_mask, masked_softmax, rows_with_keys, sdpa
@@ -51,7 +52,9 @@ def xformers_available() -> bool:
 
 
 @register_attention("full")
-class FullAttention(AttentionCore, approximation="none", has_decoding_cache=True, supports_double_backward=True):
+class FullAttention(
+    AttentionCore, approximation="none", has_decoding_cache=True, supports_double_backward=True, supports_segments=True
+):
     # double backward: math by autograd, sdpa by :func:`attention_zoo.masks.sdpa`'s second-order path; xformers refuses
     example_configs = ({"backend": "math"}, {"backend": "sdpa"})
 
@@ -89,6 +92,33 @@ class FullAttention(AttentionCore, approximation="none", has_decoding_cache=True
             out = _xformers_attention(q, k, v, allowed, causal, self.dropout if self.training else 0.0, self.scale)
             out = refuse_double_backward(out, "full (backend='xformers')")  # xformers' kernels lack it
         return out if has_key is None else out * has_key
+
+    def attend_segments(
+        self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor, causal: bool
+    ) -> Tensor:
+        """Packed rows in one call: softmax over the keys of the query's own document (a document mask, as
+        FlexAttention's ``document_mask``), causal within the document; padding queries give 0."""
+        nq, nk = q.shape[-2], k.shape[-2]
+        query_docs, key_docs = packing.document_ids(segments, nq), packing.document_ids(key_segments, nk)
+        allowed = (query_docs[:, :, None] == key_docs[:, None, :]) & (query_docs >= 0)[:, :, None]
+        if causal:
+            query_at = packing.positions_in_documents(segments, nq)
+            key_at = packing.positions_in_documents(key_segments, nk)
+            allowed = allowed & (key_at[:, None, :] <= query_at[:, :, None])
+        allowed = rearrange(allowed, "b i j -> b 1 i j")
+        has_key = allowed.any(dim=-1, keepdim=True)
+        if self.backend == "math":
+            probs = F.dropout(masked_softmax(einsum(q * self.scale, k, "b h i d, b h j d -> b h i j"), allowed),
+                              self.dropout, self.training)  # fmt: skip
+            return einsum(probs, v, "b h i j, b h j d -> b h i d")
+        allowed = allowed | ~has_key  # let empty rows see every key, then zero them below
+        dropout = self.dropout if self.training else 0.0
+        if self.backend == "sdpa":
+            out = sdpa(q, k, v, allowed, dropout_p=dropout)
+        else:
+            out = _xformers_attention(q, k, v, allowed, False, dropout, self.scale)
+            out = refuse_double_backward(out, "full (backend='xformers')")
+        return out * has_key
 
     def start_decoding(self) -> KeyValueState:
         self.check_decodable()

@@ -102,19 +102,35 @@ class MultiHeadAttention(nn.Module):
         """W^O, which writes this block's output into the residual stream (scaled down at init)."""
         return self.to_out
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, *, mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        segments: Tensor | None = None,
+        memory_segments: Tensor | None = None,
+    ) -> Tensor:
         """``x``: (B, N, dim) queries; ``memory``: (B, M, dim) keys/values for cross-attention (else x);
-        ``mask``: (B, M) or (B, N) bool, True = real key token."""
+        ``mask``: (B, M) or (B, N) bool, True = real key token; ``segments``: packed rows' document boundaries
+        (B, S + 1) of ``x`` and ``memory_segments`` those of ``memory`` (:mod:`attention_zoo.packing`)."""
         # b: batch, n: positions, h: heads, d: head dim
         if (memory is not None) != self.cross_attention:
             raise ValueError(
                 "this block was built for "
                 + ("cross-attention: pass memory" if self.cross_attention else "self-attention: do not pass memory")
             )
+        if memory is not None and segments is not None:
+            if memory_segments is None:
+                raise ValueError("packed cross-attention needs memory_segments (the memory's document boundaries)")
+            q = self._split(self.to_q(x))
+            k, v = self._split(self.to_k(memory)), self._split(self.to_v(memory))
+            out = self.core(q, k, v, mask=mask, segments=segments, key_segments=memory_segments)
+            return self._merge(out)
         if memory is not None:
             return self.attend_memory(x, self.project_memory(memory, mask))
         q, k, v = self._project(x)
-        out = self.core(q, k, v, mask=mask, causal=self.causal)
+        out = self.core(q, k, v, mask=mask, causal=self.causal, segments=segments)
         return self._merge(out)
 
     def start_decoding(self) -> DecodingState:

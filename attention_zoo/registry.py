@@ -38,9 +38,8 @@ _REGISTRY: dict[str, type[AttentionCore]] = {}
 def names_with(**capabilities: Any) -> list[str]:
     """Registered names, sorted, of the classes whose attributes have the given values
     (``names_with(supports_causal=True)``)."""
-    return sorted(
-        name for name, cls in _REGISTRY.items() if all(getattr(cls, a) == v for a, v in capabilities.items())
-    )
+    return sorted(name for name, cls in _REGISTRY.items() if all(getattr(cls, a) == v for a, v in capabilities.items()))
+
 
 CoreT = TypeVar("CoreT", bound=type[AttentionCore])
 
@@ -81,6 +80,7 @@ CAPABILITY_FILTERS = {
     "decoding": "has_decoding_cache",
     "double_backward": "supports_double_backward",
     "position_free_queries": "position_free_queries",
+    "segments": "supports_segments",
 }
 
 
@@ -92,15 +92,17 @@ def list_attentions(
     decoding: bool | None = None,
     double_backward: bool | None = None,
     position_free_queries: bool | None = None,
+    segments: bool | None = None,
 ) -> list[str]:
     """Registered mechanism names, sorted; each filter given (not None) keeps the mechanisms whose capability has
     that value (as timm's ``list_models(filter=...)``): ``causal`` reads ``supports_causal``, ``mask``
     ``supports_mask``, ``cross`` ``supports_cross_attention``, ``decoding`` ``has_decoding_cache`` (a step-by-step
     cache of its own; every causal core can decode by recomputing), ``double_backward`` ``supports_double_backward``,
-    ``position_free_queries`` the attribute of that name. ``list_attentions(causal=True, decoding=False)``: the
-    causal cores that decode by recomputation."""
+    ``position_free_queries`` the attribute of that name, ``segments`` ``supports_segments`` (packed rows).
+    ``list_attentions(causal=True, decoding=False)``: the causal cores that decode by recomputation."""
     given = (("causal", causal), ("mask", mask), ("cross", cross), ("decoding", decoding),
-             ("double_backward", double_backward), ("position_free_queries", position_free_queries))  # fmt: skip
+             ("double_backward", double_backward), ("position_free_queries", position_free_queries),
+             ("segments", segments))  # fmt: skip
     for name, value in given:
         if value is not None and not isinstance(value, bool):
             # 'yes', 1 or 'false' would compare unequal to every capability and list nothing

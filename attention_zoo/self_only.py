@@ -32,6 +32,7 @@ def self_only_mask(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tenso
 class SelfOnlyAttention(
     AttentionCore, approximation="fixed sparsity", supports_cross_attention=False, supports_double_backward=True,
     has_decoding_cache=True, position_free_queries=False, mixes_positions=False,
+    supports_segments=True,
 ):  # fmt: skip
     # not position-free: query i's output is value i, so it depends on the query's index
     notes: ClassVar[str] = "control arm: no mixing across positions (output = own value vector)"

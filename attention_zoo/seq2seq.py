@@ -71,9 +71,11 @@ class Seq2SeqTransformer(nn.Module):
         if self.shared_vocabulary:
             self.decoder.token_embedding = self.encoder.token_embedding
 
-    def encode(self, source: Tensor, source_mask: Tensor | None = None) -> Tensor:
-        """Encoder output (B, S, dim)."""
-        return self.encoder(source, source_mask)
+    def encode(
+        self, source: Tensor, source_mask: Tensor | None = None, source_segments: Tensor | None = None
+    ) -> Tensor:
+        """Encoder output (B, S, dim); ``source_segments``: packed rows' boundaries (:mod:`attention_zoo.packing`)."""
+        return self.encoder(source, source_mask, source_segments)
 
     def output_logits(self, hidden: Tensor) -> Tensor:
         """Tied output projection: logits = h E^T with E the target embedding, stored at N(0, 1/d) and multiplied
@@ -81,11 +83,21 @@ class Seq2SeqTransformer(nn.Module):
         return F.linear(hidden, self.decoder.token_embedding.weight)
 
     def forward(
-        self, source: Tensor, source_mask: Tensor | None, target_in: Tensor, target_mask: Tensor | None = None
+        self,
+        source: Tensor,
+        source_mask: Tensor | None,
+        target_in: Tensor,
+        target_mask: Tensor | None = None,
+        *,
+        source_segments: Tensor | None = None,
+        target_segments: Tensor | None = None,
     ) -> Tensor:
+        """Packed rows: ``source_segments`` and ``target_segments`` (B, S + 1), the same S: example s of a row is
+        source document s and target document s (:mod:`attention_zoo.packing`)."""
         # b: batch, s: source positions, t: target positions, v: target vocabulary
-        memory = self.encode(source, source_mask)
-        return self.output_logits(self.decoder(target_in, memory, target_mask, source_mask))
+        memory = self.encode(source, source_mask, source_segments)
+        hidden = self.decoder(target_in, memory, target_mask, source_mask, target_segments, source_segments)
+        return self.output_logits(hidden)
 
     def start_decoding(
         self, source: Tensor, source_mask: Tensor | None, *, hypotheses_per_source: int = 1, use_cache: bool = True

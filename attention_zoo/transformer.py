@@ -18,8 +18,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attention_zoo import packing
 from attention_zoo.config import ModelConfig, Positional
 from attention_zoo.core import BuildContext, DecodingState
 from attention_zoo.init import init_transformer_
@@ -58,6 +60,16 @@ class PositionalEmbedding(nn.Module):
         if self.kind == "learned":
             return self.table.weight[start : start + n] * math.sqrt(self.table.embedding_dim)
         return self.sinusoids[start : start + n]
+
+    def at(self, positions: Tensor) -> Tensor:
+        """The embeddings of the positions ``positions`` (B, N) (each a document's own count in packed rows):
+        (B, N, dim), as :meth:`forward` gives them."""
+        if positions.numel() and int(positions.max()) >= self.max_seq_len:
+            raise ValueError(
+                f"position {int(positions.max())} exceeds max_seq_len={self.max_seq_len} of the position embedding"
+            )
+        table = self.table.weight * math.sqrt(self.table.embedding_dim) if self.kind == "learned" else self.sinusoids
+        return F.embedding(positions, table)
 
 
 class FeedForward(nn.Sequential):
@@ -110,9 +122,10 @@ class _Backbone(nn.Module):
         shared = self.shared_attention_state if shared is None else shared
         return BuildContext(layer_index=layer_index, num_layers=depth, shared=shared)
 
-    def embed(self, tokens: Tensor, start: int = 0) -> Tensor:
-        """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1``; the token
-        embedding is multiplied by √dim (Vaswani et al., section 3.4)."""
+    def embed(self, tokens: Tensor, start: int = 0, segments: Tensor | None = None) -> Tensor:
+        """Token + position embeddings of ``tokens`` (B, N) at positions ``start .. start + N - 1`` (with packed
+        rows' ``segments``: each document's positions counted from its start); the token embedding is multiplied
+        by √dim (Vaswani et al., section 3.4)."""
         if tokens.ndim != 2:
             raise ValueError(f"tokens must be (B, N) integer ids, got shape {tuple(tokens.shape)}")
         if tokens.dtype not in (torch.long, torch.int):
@@ -125,7 +138,10 @@ class _Backbone(nn.Module):
                 raise ValueError(
                     f"token id {bad} is out of range for vocab_size={vocab_size}: ids must be in [0, {vocab_size - 1}]"
                 )
-        positions = self.position_embedding(tokens.shape[1], start)
+        if segments is None:
+            positions = self.position_embedding(tokens.shape[1], start)
+        else:
+            positions = self.position_embedding.at(packing.positions_in_documents(segments, tokens.shape[1]))
         scale = math.sqrt(self.token_embedding.embedding_dim)
         return self.embedding_dropout(self.token_embedding(tokens) * scale + positions)
 
@@ -141,8 +157,8 @@ class EncoderLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(config.dim)
         self.ff = FeedForward(config.dim, config.ff_mult, config.dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), mask=mask)
+    def forward(self, x: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), mask=mask, segments=segments)
         return x + self.ff(self.ff_norm(x))
 
 
@@ -161,13 +177,16 @@ class TransformerEncoder(_Backbone):
         )
         init_transformer_(self, residual_branches=2 * config.depth)
 
-    def forward(self, tokens: Tensor, mask: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, mask: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
+        """``segments`` (B, S + 1): packed rows' document boundaries (:mod:`attention_zoo.packing`): positions count
+        from each document's start, and neither the short convolution nor attention crosses a boundary, so each
+        document's hidden states equal those of the document alone."""
         # b: batch, n: positions
-        x = self.embed(tokens)
+        x = self.embed(tokens, segments=segments)
         if self.short_convolution is not None:
-            x = self.short_convolution(x, mask)
+            x = self.short_convolution(x, mask, segments)
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, segments)
         return self.norm(x)
 
 
@@ -195,9 +214,19 @@ class DecoderLayer(nn.Module):
         self.ff_norm = nn.LayerNorm(config.dim)
         self.ff = FeedForward(config.dim, config.ff_mult, config.dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None, memory_mask: Tensor | None) -> Tensor:
-        x = x + self.self_attn(self.self_norm(x), mask=mask)
-        x = x + self.cross_attn(self.cross_norm(x), memory, mask=memory_mask)
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        mask: Tensor | None,
+        memory_mask: Tensor | None,
+        segments: Tensor | None = None,
+        memory_segments: Tensor | None = None,
+    ) -> Tensor:
+        x = x + self.self_attn(self.self_norm(x), mask=mask, segments=segments)
+        x = x + self.cross_attn(
+            self.cross_norm(x), memory, mask=memory_mask, segments=segments, memory_segments=memory_segments
+        )
         return x + self.ff(self.ff_norm(x))
 
     def decode(self, x: Tensor, state: LayerDecodingState) -> Tensor:
@@ -286,12 +315,23 @@ class TransformerDecoder(_Backbone):
         init_transformer_(self, residual_branches=3 * depth)
 
     def forward(
-        self, tokens: Tensor, memory: Tensor, mask: Tensor | None = None, memory_mask: Tensor | None = None
+        self,
+        tokens: Tensor,
+        memory: Tensor,
+        mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        segments: Tensor | None = None,
+        memory_segments: Tensor | None = None,
     ) -> Tensor:
+        """Packed rows: ``segments`` (B, S + 1) are the targets' document boundaries and ``memory_segments`` the
+        sources' (:mod:`attention_zoo.packing`), with the same S: target document s attends causally to itself
+        and crosses to source document s only."""
         # b: batch, n: target positions, m: source positions
-        x = self.embed(tokens)
+        if (segments is None) != (memory_segments is None):
+            raise ValueError("packed decoding rows need both segments (targets) and memory_segments (sources)")
+        x = self.embed(tokens, segments=segments)
         for layer in self.layers:
-            x = layer(x, memory, mask, memory_mask)
+            x = layer(x, memory, mask, memory_mask, segments, memory_segments)
         return self.norm(x)
 
     def start_decoding(

@@ -7,7 +7,8 @@ gradients (a backward with create_graph=True: gradient penalty, Hessian-vector p
 or refused with one error naming the core (``no``). ``approximation``: what the core computes in place of
 softmax over every key (:data:`attention_zoo.core.APPROXIMATIONS`): ``none`` is full attention; ``fixed
 sparsity`` and ``content-selected sparsity`` are exact softmax over the keys of a fixed pattern or of the core's
-own selection, not equality with full attention."""
+own selection, not equality with full attention. ``packed``: the core takes packed rows (``segments``: several
+documents per row, :mod:`attention_zoo.packing`), or the reason it refuses them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ CAPABILITIES = (
     "needs_shared_qk",
     "requires_max_seq_len",
     "supports_double_backward",
+    "supports_segments",
 )
 
 
@@ -42,6 +44,8 @@ def rows() -> list[dict[str, str]]:
             caps["supports_causal"] = "yes"
         elif cls.causal_counterpart:
             caps["supports_causal"] = f"no (decoders: {cls.causal_counterpart})"
+        if not cls.supports_segments:
+            caps["supports_segments"] = f"no ({cls.segments_refusal})"
         decoding = "cache" if cls.has_decoding_cache else "recompute" if cls.supports_causal else "-"
         out.append(
             {
@@ -61,7 +65,8 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     table = Table(title="registered attention mechanisms", show_lines=True)
     headers = [
-        "name", "approximation", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "grad²", "decoding",
+        "name", "approximation", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "grad²", "packed",
+        "decoding",
         "options", "notes",
     ]  # fmt: skip
     for header in headers:

@@ -64,7 +64,13 @@ class KernelState(DecodingState):
         self.reference: Tensor | None = None
 
 
-class KernelAttention(AttentionCore, approximation="kernel", has_decoding_cache=True, supports_double_backward=True):
+class KernelAttention(
+    AttentionCore,
+    approximation="kernel",
+    has_decoding_cache=True,
+    supports_double_backward=True,
+    supports_segments=True,
+):
     """Base of the kernelized cores: subclasses define :meth:`features` (see the module docstring)."""
 
     #: :meth:`features` returns log phi(K_j) for keys. Each key is normalised by its own largest feature,

@@ -60,7 +60,7 @@ def default_k(max_seq_len: int) -> int:
 @register_attention("linformer")
 class LinformerAttention(
     AttentionCore, approximation="low rank", supports_causal=False,
-    requires_max_seq_len=True, supports_double_backward=True,
+    requires_max_seq_len=True, supports_double_backward=True, supports_segments=True,
 ):  # fmt: skip
     example_configs = (
         {"k": 16},

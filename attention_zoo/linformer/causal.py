@@ -67,7 +67,7 @@ class BlockSummaryState(DecodingState):
 @register_attention("linformer_causal")
 class CausalLinformerAttention(
     AttentionCore, approximation="low rank", supports_cross_attention=False, supports_double_backward=True,
-    has_decoding_cache=True,
+    has_decoding_cache=True, supports_segments=True,
 ):  # fmt: skip
     example_configs = (
         {"block_size": 8, "block_k": 2},

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 from torch import Tensor
 
+from attention_zoo import packing
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.lsh.chunked import LSHFunction
 from attention_zoo.precision import compute_dtype
@@ -71,7 +72,7 @@ class LSHDecodingState(DecodingState):
 @register_attention("lsh")
 class LSHAttention(
     AttentionCore, approximation="hashing",
-    supports_cross_attention=False, needs_shared_qk=True, has_decoding_cache=True,
+    supports_cross_attention=False, needs_shared_qk=True, has_decoding_cache=True, supports_segments=True,
 ):  # fmt: skip
     example_configs = (
         {"n_hashes": 2, "bucket_size": 4},
@@ -177,6 +178,14 @@ class LSHAttention(
         inputs = (q, F.normalize(k, dim=-1), v, order, place, lo, hi)
         out = LSHFunction.apply(*(rearrange(t, rows) for t in inputs), repeat(real, "b n -> (b h) n", h=h), m)
         return rearrange(out, "(b h) n d -> b h n d", b=b)[:, :, :n].to(dtype)
+
+    def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
+                        causal: bool) -> Tensor:  # fmt: skip
+        """Packed rows: hashing, sorting and chunking within each document, so no chunk spans two documents. The
+        bucket count and chunk length follow each document's own length (non-causal; :meth:`chunk_and_buckets`),
+        so documents of one length run together, unpadded."""
+        return packing.unpacked_attention(self.attend, q, k, v, segments, key_segments, causal=causal,
+                                          group_by_length=True)  # fmt: skip
 
     def start_decoding(self) -> LSHDecodingState:
         self.check_decodable()

@@ -63,8 +63,9 @@ _MAX_TILE = 64
 
 @register_attention("moba")
 class MixtureOfBlockAttention(
-    AttentionCore, approximation="content-selected sparsity", supports_cross_attention=False, has_decoding_cache=True
-):
+    AttentionCore, approximation="content-selected sparsity", supports_cross_attention=False, has_decoding_cache=True,
+    supports_segments=True,
+):  # fmt: skip
     example_configs = (
         {"block_size": 4, "top_k": 2},
         {"block_size": 8, "top_k": 1},

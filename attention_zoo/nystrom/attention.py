@@ -164,7 +164,7 @@ class SoftmaxProduct(torch.autograd.Function):
 @register_attention("nystrom")
 class NystromAttention(
     AttentionCore, approximation="low rank", supports_causal=False, supports_double_backward=True,
-    supports_cross_attention=False,
+    supports_cross_attention=False, supports_segments=True,
 ):  # fmt: skip
     #: no causal Nystrom exists (see the module doc): decoders use exact full attention instead
     causal_counterpart: ClassVar[str | None] = "full"

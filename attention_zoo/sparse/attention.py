@@ -48,6 +48,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
+from attention_zoo import packing
 from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import MaskMod, masked_attention
@@ -72,8 +73,9 @@ _CACHED_LAYOUTS = 8  # per core: tile layouts, and as many FlexAttention block m
 
 
 class PatternAttention(
-    AttentionCore, approximation="fixed sparsity", supports_cross_attention=False, has_decoding_cache=True
-):
+    AttentionCore, approximation="fixed sparsity", supports_cross_attention=False, has_decoding_cache=True,
+    supports_segments=True,
+):  # fmt: skip
     """Softmax attention restricted to ``pattern`` (Child et al. eqs. (2)-(4)), a
     :class:`~attention_zoo.sparse.patterns.SparsePattern`."""
 
@@ -127,6 +129,16 @@ class PatternAttention(
             return band_and_tiled_attention(q, k, v, band, rest, mask, self.scale)
         layout = _cached(self._layouts, key, lambda: self.pattern.tiles(self.mask_mod(*key), *key))
         return tiled_attention(q, k, v, layout, mask, self.scale)
+
+    def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
+                        causal: bool) -> Tensor:  # fmt: skip
+        """Packed rows: the pattern at positions within each document (a window does not cross a boundary;
+        BigBird's blocks, global and random, are the document's own, counted from its start). BigBird's random
+        blocks and trailing global block depend on the document's length, so its documents of one length run
+        together, unpadded; every other pattern runs the documents padded to the longest, in one call."""
+        by_length = isinstance(self.pattern, BigBirdPattern)
+        return packing.unpacked_attention(self.attend, q, k, v, segments, key_segments, causal=causal,
+                                          group_by_length=by_length)  # fmt: skip
 
 
 def _cached(cache: dict, key: tuple, build: Callable[[], T]) -> T:
