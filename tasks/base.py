@@ -226,7 +226,9 @@ class EncoderTask(ZooTask):
         raise NotImplementedError
 
     def _shared_step(self, batch: dict[str, Tensor], stage: Stage) -> Tensor:
-        logits = self(batch["tokens"], batch["mask"])
+        # packed batches (data option ``pack``) carry their documents' boundaries (attention_zoo.packing)
+        packed = (batch["segments"],) if "segments" in batch else ()
+        logits = self(batch["tokens"], batch["mask"], *packed)
         loss = self.loss(logits, batch["labels"])
         is_train = stage == "train"
         if is_train and not self._logger_writes_this_step():

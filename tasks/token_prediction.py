@@ -48,9 +48,10 @@ class TokenPrediction(EncoderTask):
         )
         self.perplexity = nn.ModuleDict({f"{s}_ppl": Perplexity(ignore_index=IGNORE_INDEX) for s in STAGES})
 
-    def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+        """Logits (B, N, C); ``segments``: packed rows' document boundaries (attention_zoo.packing)."""
         # b: batch, n: positions, c: classes
-        return self.head(self.encoder(tokens, mask))
+        return self.head(self.encoder(tokens, mask, segments))
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(
