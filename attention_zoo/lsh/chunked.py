@@ -79,8 +79,11 @@ class LSHFunction(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         q, keys, v, order, out, alone, alone_weight, real, probs = ctx.saved_tensors
         m, pool = ctx.m, {}
-        grad_q, grad_keys = torch.zeros_like(q), torch.zeros_like(keys)
-        grad_v = torch.where(alone[..., None], grad_out * alone_weight, 0.0)  # the tokens alone with themselves
+        # contiguous: the loop below adds into a flat view of each gradient, which a strided layout (zeros_like of a
+        # permuted input) would turn into a copy, losing the sums
+        grad_q, grad_keys = q.new_zeros(q.shape), keys.new_zeros(keys.shape)
+        alone_grad = torch.where(alone[..., None], grad_out * alone_weight, 0.0)  # tokens alone with themselves
+        grad_v = alone_grad.contiguous()
         grad_out = grad_out * (real & ~alone)[..., None]
         delta = (grad_out * out).sum(-1, keepdim=True)
         blocks = _blocks(order, m, q.shape[-1])

@@ -531,3 +531,27 @@ def test_decoding_refuses_a_batch_that_changed_without_reorder(case):
             core.decode(*step, state)
     state.reorder(torch.tensor([0, 1]))
     assert core.decode(*(t[:2, :, 4:5] for t in (q, k, v)), state).shape == (2, core.heads, 1, core.dim_head)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_outputs_and_gradients_do_not_depend_on_the_input_layout(case, causal, batch):
+    """The multi-head block hands a core strided views (heads split out of the model width: (B, N, H, D) memory
+    read as (B, H, N, D)); a core must give the same outputs and gradients as for contiguous copies, including at
+    B = 1, where merging batch and heads keeps the view strided."""
+    name, options = case
+    if causal and not supports(name, "supports_causal"):
+        pytest.skip("not causal")
+    core = build(name, options)
+    q, k, v = qkv(core, batch, 24)
+    weights = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(5))
+    results = []
+    for strided in (False, True):
+        layout = (lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)) if strided else (lambda t: t.contiguous())
+        attention, inputs = as_function(core, q, k, v, mask=None, causal=causal)
+        leaves = tuple(t.detach().requires_grad_(True) for t in inputs)
+        out = attention(*(layout(t) for t in leaves))
+        (out * weights).sum().backward()
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    for contiguous, strided in zip(*results, strict=True):
+        torch.testing.assert_close(strided, contiguous, **EXACT)
