@@ -5,6 +5,7 @@ attention, written to ``--out`` as JSONL + CSV + Markdown (the papers' table lay
   zoo bench --config configs/bench/linformer_table3.yaml --out runs/linformer_table3
   zoo bench --config configs/bench/decoding.yaml --out runs/decoding   (greedy decoding, cache vs not)
   zoo bench --check-targets          (the project's CPU performance targets; = zoo targets)
+  zoo bench --segments 8 --seq-lens 4096   (8 packed documents per row against the same documents padded)
 
 The targets are defined at fixed shapes: with ``--check-targets`` a sweep setting other than the mechanisms
 named, threads, repeats, warmup, rounds, the case timeout, isolation and the memory budget is refused.
@@ -112,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ray-address", help="ray: auto, ray://host:port or host:port (default: a local Ray)")
     parser.add_argument("--run-cpus", type=float, help="ray: CPUs reserved per case (default 1)")
+    parser.add_argument(
+        "--segments",
+        type=int,
+        help="time each mechanism on rows of this many packed documents against the same documents padded one per "
+        "row, interleaved in one process (experiments/bench/packed.py; default: not run)",
+    )
     return parser
 
 
@@ -229,6 +236,10 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in fields}
+    if args.segments is not None:
+        from experiments.bench import packed  # it builds on this module
+
+        return packed.main(args, overrides)
     try:
         config, cases, names = plan(args, overrides)
     except (ValueError, OSError, yaml.YAMLError) as error:  # OSError, YAMLError: an unreadable --config file
