@@ -34,6 +34,8 @@ class SelfOnlyAttention(
     has_decoding_cache=True, position_free_queries=False, mixes_positions=False,
     supports_segments=True,
 ):  # fmt: skip
+    """Packed rows (``segments``): each position still reads its own value only, so packing changes nothing."""
+
     # not position-free: query i's output is value i, so it depends on the query's index
     notes: ClassVar[str] = "control arm: no mixing across positions (output = own value vector)"
 

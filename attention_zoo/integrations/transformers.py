@@ -19,7 +19,10 @@ encoder keys), else it is refused naming the cores that do.
 
 The core gets transformers' own keys and values (after its KV cache; grouped K/V heads expanded as its sdpa
 path does), the layer's scale folded into the queries, and the padding mask and causal flag split out of the
-4-D mask (any other mask, a sliding window, softcap, sinks or a position bias is refused). A causal layer takes
+4-D mask, or, for packed rows (several documents in one row: ``position_ids`` restarting at 0, a block-diagonal
+mask, or flash-attention's ``cu_seq_lens_q``), the documents' boundaries as ``segments`` (:func:`read_mask`), so that
+each document's output is its output alone; any other mask, a sliding window, softcap, sinks or a position bias is
+refused. A causal layer takes
 the decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`); ``lsh`` is refused (shared QK).
 docs/huggingface.md ("What the core gets") gives the details.
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -52,12 +56,13 @@ from transformers import AttentionInterface, PreTrainedConfig, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from attention_zoo import packing
 from attention_zoo.core import AttentionCore, BuildContext
 from attention_zoo.registry import create_attention, get_attention_class, list_attentions
 from attention_zoo.seq2seq import causal_cores, resolve_decoder_attention
 from attention_zoo.spec import AttentionSpec
 
-__all__ = ["IMPLEMENTATION", "attention_layers", "from_pretrained", "split_mask", "use_attention"]
+__all__ = ["IMPLEMENTATION", "attention_layers", "from_pretrained", "read_mask", "split_mask", "use_attention"]
 
 #: the ``attn_implementation`` name this module registers with transformers
 IMPLEMENTATION = "attention_zoo"
@@ -328,43 +333,136 @@ def split_mask(mask: Tensor | None, q_length: int, kv_length: int, default_causa
 
     ``mask``: None (then ``default_causal``), a 4-D (B, 1 or H, Nq, Nk) boolean mask (True = attend) or float
     additive mask (0 = attend, the dtype's minimum or -inf = blocked). It must be padding of the keys, or that
-    and causal aligned to the end (query i sees keys j <= i + Nk - Nq); anything else is refused. Where both
-    readings fit (one query), ``default_causal`` decides. The result of the last call is reused while the same,
-    unchanged mask tensor comes again (every layer of a forward gets the same one).
+    and causal aligned to the end (query i sees keys j <= i + Nk - Nq); anything else, packed documents included
+    (:func:`read_mask` reads those), is refused. Where both readings fit (one query), ``default_causal`` decides.
     """
-    if mask is None:
-        return None, default_causal
-    cached = _last_split.get((mask, mask._version if isinstance(mask, Tensor) else 0, q_length, kv_length))
-    if cached is not None:
-        key_mask, causal_fits, plain_fits = cached
-    else:
-        key_mask, causal_fits, plain_fits = _split(mask, q_length, kv_length)
-        _last_split.put((mask, mask._version, q_length, kv_length), (key_mask, causal_fits, plain_fits))
-    if causal_fits and plain_fits:
-        return key_mask, default_causal
-    return key_mask, causal_fits
+    key_mask, causal, segments = read_mask(mask, q_length, kv_length, default_causal)
+    if segments is not None:
+        raise ValueError(
+            "attention_zoo: this attention mask is not padding, nor padding plus causal attention aligned to the end "
+            "(it holds packed documents, which read_mask turns into segments)"
+        )
+    return key_mask, causal
 
 
-class _LastSplit:
-    """A one-entry cache keyed by the mask tensor's identity (held weakly) and version."""
+def read_mask(
+    mask: Tensor | None,
+    q_length: int,
+    kv_length: int,
+    default_causal: bool,
+    *,
+    position_ids: Tensor | None = None,
+    cu_seq_lens_q: Tensor | None = None,
+    cu_seq_lens_k: Tensor | None = None,
+) -> tuple[Tensor | None, bool, Tensor | None]:
+    """(key mask, causal, segments) of what transformers hands an attention function: the (B, Nk) key mask (True =
+    attend; None = no padding) and causal flag of :func:`split_mask`, or, for packed rows, no key mask and the
+    documents' boundaries as ``segments`` (B, S + 1) (:mod:`attention_zoo.packing`), each document attending
+    only to itself (causally or not: the mask says which).
+
+    Packed rows come in one of two forms, and anything else than padding, padding plus causal, or these is refused:
+
+    - ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (transformers' flash-attention varlen keywords, as
+      ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes them): the boundaries of one flattened
+      row (B = 1), taken as given, as transformers' flash-attention path does (even where a KV cache made the 4-D
+      mask plain causal); they must be equal (self-attention), and ``mask`` must be plain (no padding) or packed
+      into the same documents.
+    - A block-diagonal 4-D mask: what transformers builds from ``position_ids`` that restart within a row, when the
+      model gets no 2-D ``attention_mask`` and no KV cache (``use_cache=False``), or a custom 4-D mask. Its documents
+      are recovered from the mask exactly (each query's first visible key is its document's start), and the mask
+      must equal those documents' block-diagonal mask, causal or not, with padding (queries that see nothing, seen by
+      none) after the last document only. ``position_ids`` that restart (a step other than +1) must then count 0, 1,
+      2, ... within each document (:func:`~attention_zoo.packing.segments_from_position_ids`) and give the same
+      documents: transformers starts a document at any jump, the zoo refuses a jump that is not a restart at 0.
+
+    ``position_ids`` that restart while the mask is plain (transformers packs only without a KV cache) are not
+    packed, as in transformers' sdpa, with a warning once. Where both readings fit (one query, or documents of one
+    token), ``default_causal`` decides. The result of the last call is reused while the same, unchanged tensors come
+    again (every layer of a forward gets the same ones).
+    """
+    key = (mask, q_length, kv_length, default_causal, position_ids, cu_seq_lens_q, cu_seq_lens_k)
+    found = _last_read.get(key)
+    if found is None:
+        found = _read(mask, q_length, kv_length, default_causal, position_ids, cu_seq_lens_q, cu_seq_lens_k)
+        _last_read.put(key, found)
+    return found
+
+
+class _LastRead:
+    """A one-entry cache keyed by tensors' identities (held weakly) and versions, and by other values."""
 
     def __init__(self) -> None:
-        self.entry: tuple[weakref.ref, tuple[Any, ...], tuple[Tensor | None, bool, bool]] | None = None
+        self.entry: tuple[tuple[Any, ...], tuple[Tensor | None, bool, Tensor | None]] | None = None
 
-    def get(self, key: tuple[Any, ...]) -> tuple[Tensor | None, bool, bool] | None:
-        if self.entry is None or not isinstance(key[0], Tensor):
+    @staticmethod
+    def _held(part: Any) -> tuple[Any, Any]:
+        return (weakref.ref(part), part._version) if isinstance(part, Tensor) else (None, part)
+
+    @staticmethod
+    def _same(held: tuple[Any, Any], part: Any) -> bool:
+        ref, rest = held
+        if isinstance(part, Tensor):
+            return ref is not None and ref() is part and rest == part._version
+        return ref is None and rest == part
+
+    def get(self, key: tuple[Any, ...]) -> tuple[Tensor | None, bool, Tensor | None] | None:
+        if self.entry is None:
             return None
-        ref, rest, value = self.entry
-        return value if ref() is key[0] and rest == key[1:] else None
+        held, value = self.entry
+        return value if all(self._same(h, p) for h, p in zip(held, key, strict=True)) else None
 
-    def put(self, key: tuple[Any, ...], value: tuple[Tensor | None, bool, bool]) -> None:
-        self.entry = (weakref.ref(key[0]), key[1:], value)
-
-
-_last_split = _LastSplit()
+    def put(self, key: tuple[Any, ...], value: tuple[Tensor | None, bool, Tensor | None]) -> None:
+        self.entry = (tuple(self._held(part) for part in key), value)
 
 
-def _split(mask: Any, q_length: int, kv_length: int) -> tuple[Tensor | None, bool, bool]:
+_last_read = _LastRead()
+
+
+def _read(
+    mask: Tensor | None,
+    q_length: int,
+    kv_length: int,
+    default_causal: bool,
+    position_ids: Tensor | None,
+    cu_seq_lens_q: Tensor | None,
+    cu_seq_lens_k: Tensor | None,
+) -> tuple[Tensor | None, bool, Tensor | None]:
+    explicit = _cu_segments(cu_seq_lens_q, cu_seq_lens_k, q_length, kv_length)
+    if mask is None:
+        key_mask, causal_fits, plain_fits, segments = None, True, True, None
+    else:
+        allowed = _allowed(mask, q_length, kv_length)
+        key_mask, causal_fits, plain_fits, segments = _plain_reading(allowed, q_length, kv_length)
+        if not (causal_fits or plain_fits):
+            key_mask, causal_fits, plain_fits, segments = _packed_reading(allowed)
+    causal = default_causal if causal_fits and plain_fits else causal_fits
+    if explicit is not None:
+        if key_mask is not None:
+            raise ValueError(
+                "attention_zoo: transformers passed cu_seq_lens_q (packed rows) with a padding mask; give one or the "
+                "other"
+            )
+        if segments is not None:
+            _same_documents(segments, explicit, q_length, "cu_seq_lens_q")
+        return None, causal, explicit
+    if segments is not None:
+        if position_ids is not None and _restarts(position_ids):
+            try:
+                stated = packing.segments_from_position_ids(position_ids.expand(segments.shape[0], -1))
+            except ValueError as error:
+                raise ValueError(f"attention_zoo: packed rows: {error}") from None
+            _same_documents(segments, stated, q_length, "position_ids")
+        return None, causal, segments
+    if position_ids is not None and key_mask is None and q_length == kv_length > 1 and _restarts(position_ids):
+        _warn_once(
+            "position_ids restart within a row but transformers built an unpacked mask (it packs rows only without "
+            "a KV cache: pass use_cache=False); attention crosses the restarts, as in transformers' sdpa"
+        )
+    return key_mask, causal, None
+
+
+def _allowed(mask: Any, q_length: int, kv_length: int) -> Tensor:
+    """``mask`` as a boolean (B, Nq, Nk) tensor, True = attend."""
     if not isinstance(mask, Tensor) or mask.ndim != 4:
         raise ValueError(
             f"attention_zoo takes None or a 4-D (B, 1, Nq, Nk) attention mask from transformers; got "
@@ -383,24 +481,85 @@ def _split(mask: Any, q_length: int, kv_length: int) -> tuple[Tensor | None, boo
                 "(values other than 0 and blocked), which the zoo cores cannot apply"
             )
         mask = allowed
-    batch = mask.shape[0]
-    if mask.shape[1] > 1:
-        if not bool((mask == mask[:, :1]).all()):
-            raise ValueError("attention_zoo: the attention mask differs between heads; the zoo takes one per sequence")
-        mask = mask[:, :1]
-    mask = mask.expand(batch, 1, q_length, kv_length)
-    key_mask = mask[:, 0, -1, :].clone()  # the last query sees every real key under either reading
-    padded = key_mask[:, None, None, :]
-    query = torch.arange(q_length, device=mask.device)[:, None] + (kv_length - q_length)
-    visible = torch.arange(kv_length, device=mask.device)[None, :] <= query
-    plain_fits, causal_fits = bool((mask == padded).all()), bool((mask == (padded & visible)).all())
-    if not (plain_fits or causal_fits):
+    if mask.shape[1] > 1 and not bool((mask == mask[:, :1]).all()):
+        raise ValueError("attention_zoo: the attention mask differs between heads; the zoo takes one per sequence")
+    return mask[:, 0].expand(mask.shape[0], q_length, kv_length)
+
+
+def _plain_reading(allowed: Tensor, q_length: int, kv_length: int) -> tuple[Tensor | None, bool, bool, None]:
+    """(key mask, causal fits, non-causal fits, no segments): padding, or padding and causal aligned to the end."""
+    key_mask = allowed[:, -1, :].clone()  # the last query sees every real key under either reading
+    padded = key_mask[:, None, :]
+    query = torch.arange(q_length, device=allowed.device)[:, None] + (kv_length - q_length)
+    visible = torch.arange(kv_length, device=allowed.device)[None, :] <= query
+    plain_fits, causal_fits = bool((allowed == padded).all()), bool((allowed == (padded & visible)).all())
+    return (None if bool(key_mask.all()) else key_mask), causal_fits, plain_fits, None
+
+
+def _packed_reading(allowed: Tensor) -> tuple[None, bool, bool, Tensor]:
+    """(no key mask, causal fits, non-causal fits, segments) of a block-diagonal mask (see :func:`read_mask`)."""
+    _, nq, n = allowed.shape
+    refusal = ValueError(
+        "attention_zoo: this attention mask is not padding, nor padding plus causal attention aligned to the end, nor "
+        "packed documents (block-diagonal, causal or not, padding after the last); a sliding window, a static cache "
+        "or a custom pattern? the zoo cores take a key mask, a causal flag and document boundaries only"
+    )
+    if nq != n:
+        raise refusal
+    positions = torch.arange(n, device=allowed.device)
+    sees = allowed.any(-1)
+    count = sees.sum(-1)
+    if not torch.equal(sees, positions[None, :] < count[:, None]):
+        raise refusal  # a query that sees nothing before one that does: not padding after the last document
+    starts = sees & (allowed.to(torch.uint8).argmax(-1) == positions)  # argmax gives the first visible key
+    lengths = []
+    for row_starts, total in zip(starts.tolist(), count.tolist(), strict=True):
+        edges = [index for index, start in enumerate(row_starts) if start] + [total]
+        if edges[0] != 0:
+            raise refusal
+        lengths.append([end - start for start, end in itertools.pairwise(edges)])
+    segments = packing.segments_from_lengths(lengths, n, device=allowed.device)
+    ids = packing.document_ids(segments, n)
+    same = (ids[:, :, None] == ids[:, None, :]) & (ids >= 0)[:, :, None]
+    causal_fits = torch.equal(allowed, same & (positions[None, :] <= positions[:, None]))
+    plain_fits = torch.equal(allowed, same)
+    if not (causal_fits or plain_fits):
+        raise refusal
+    return None, causal_fits, plain_fits, segments
+
+
+def _cu_segments(cu_q: Tensor | None, cu_k: Tensor | None, q_length: int, kv_length: int) -> Tensor | None:
+    """The (1, S + 1) segments of transformers' ``cu_seq_lens_q`` / ``_k``, or None when it passed neither."""
+    if cu_q is None and cu_k is None:
+        return None
+    if cu_q is None or cu_k is None or not torch.equal(cu_q.long(), cu_k.long()):
         raise ValueError(
-            "attention_zoo: this attention mask is not padding, nor padding plus causal attention aligned to the end "
-            "(a sliding window, packed sequences, a static cache or a custom pattern?); the zoo cores take a (B, Nk) "
-            "key mask and a causal flag only"
+            f"attention_zoo: cu_seq_lens_q {_brief(cu_q)} and cu_seq_lens_k {_brief(cu_k)} differ; packed rows are "
+            "read for self-attention only, with one set of boundaries"
         )
-    return (None if bool(key_mask.all()) else key_mask), causal_fits, plain_fits
+    if q_length != kv_length:
+        raise ValueError(
+            f"attention_zoo: cu_seq_lens_q (packed rows) with {q_length} queries for {kv_length} keys (a cached "
+            "step?); packed rows need as many queries as keys"
+        )
+    return packing.segments_from_cu_seqlens(cu_q)
+
+
+def _restarts(position_ids: Tensor) -> bool:
+    """Whether ``position_ids`` (B or 1, N) step by other than +1 somewhere: transformers' sign of packed rows."""
+    return bool((position_ids.diff(dim=-1) != 1).any())
+
+
+def _same_documents(found: Tensor, stated: Tensor, n: int, source: str) -> None:
+    found_ids, stated_ids = packing.document_ids(found, n), packing.document_ids(stated.expand(found.shape[0], -1), n)
+    differ = (found_ids != stated_ids).nonzero()
+    if differ.numel():
+        row, position = differ[0].tolist()
+        raise ValueError(
+            f"attention_zoo: the attention mask's documents and {source}'s disagree in row {row} at position "
+            f"{position} (the mask puts it in document {int(found_ids[row, position])}, {source} in "
+            f"{int(stated_ids[row, position])}; -1 = padding)"
+        )
 
 
 def zoo_attention_forward(
@@ -447,7 +606,24 @@ def zoo_attention_forward(
     else:
         default_causal = bool(getattr(module, "is_causal", False)) if is_causal is None else bool(is_causal)
     nq, nk = query.shape[-2], key.shape[-2]
-    key_mask, causal = split_mask(attention_mask, nq, nk, default_causal)
+    if own is not None:  # cross-attention: the packed-row keywords describe the queries' sequence only
+        (key_mask, causal), segments = split_mask(attention_mask, nq, nk, default_causal), None
+    else:
+        key_mask, causal, segments = read_mask(
+            attention_mask, nq, nk, default_causal, position_ids=kwargs.get("position_ids"),
+            cu_seq_lens_q=kwargs.get("cu_seq_lens_q"), cu_seq_lens_k=kwargs.get("cu_seq_lens_k"),
+        )  # fmt: skip
+    if segments is not None:
+        if not core.supports_segments:
+            raise ValueError(
+                f"transformers passed packed rows and {core.name} does not take them ({core.segments_refusal}); "
+                f"cores that do: {', '.join(list_attentions(segments=True))}"
+            )
+        if segments.shape[0] != query.shape[0]:  # only cu_seq_lens_q gives one row for the whole batch
+            raise ValueError(
+                f"attention_zoo: cu_seq_lens_q describes one flattened row (batch 1); this batch has {query.shape[0]}"
+            )
+        segments = segments.to(query.device)  # a collator's cu_seq_lens may stay on the CPU
     if scaling is not None and not math.isclose(scaling, core.scale, rel_tol=1e-12):
         query = query * (scaling / core.scale)
     if nq < nk and own is None and not (core.supports_cross_attention and core.position_free_queries):
@@ -459,7 +635,7 @@ def zoo_attention_forward(
         query = torch.cat([query.new_zeros(*query.shape[:2], nk - nq, query.shape[-1]), query], dim=-2)
         out = core(query, key, value, mask=key_mask, causal=True)[:, :, nk - nq :]
     else:
-        out = core(query, key, value, mask=key_mask, causal=causal)
+        out = core(query, key, value, mask=key_mask, causal=causal, segments=segments)
     return out.transpose(1, 2).contiguous(), None
 
 

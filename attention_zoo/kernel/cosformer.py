@@ -66,6 +66,11 @@ from attention_zoo.registry import register_attention
 
 @register_attention("cosformer")
 class CosFormerAttention(KernelAttention, requires_max_seq_len=True, position_free_queries=False):
+    """Packed rows (``segments``): each document is its own sequence: the sums and the causal prefix state restart
+    at each boundary and the re-weighting cos(pi i / 2M) counts i from the document's start. M stays
+    ``max_seq_len``, as for a document alone (never a sequence's own length: module docstring), so packing changes
+    no weight (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     # not position-free: the re-weighting reads each query's index in the call, which a decoder's step-by-step
     # cross-attention cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only
     example_configs = ({"chunk_size": 8}, {"chunk_size": 6})

@@ -34,6 +34,9 @@ from attention_zoo.registry import register_attention
 
 @register_attention("linear")
 class LinearAttention(KernelAttention):
+    """Packed rows (``segments``): the sums phi(K)^T [V 1] (and the causal prefix state) restart at each document
+    boundary (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     example_configs = ({"chunk_size": 8}, {"chunk_size": 5})
     notes: ClassVar[str] = (
         "kernel elu(x)+1 instead of softmax (not an approximation of it); causal by exact chunked prefix sums; "

@@ -74,6 +74,10 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 
 @register_attention("performer")
 class PerformerAttention(KernelAttention):
+    """Packed rows (``segments``): the sums phi(K)^T [V 1] (and the causal prefix state) restart at each document
+    boundary, with the layer's one feature draw for every document (computed by unpacking the documents,
+    :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     example_configs = (
         {"nb_features": 16, "chunk_size": 8},
         {"nb_features": 12, "chunk_size": 5, "redraw_interval": 2, "seed": 3},

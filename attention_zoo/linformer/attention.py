@@ -62,6 +62,10 @@ class LinformerAttention(
     AttentionCore, approximation="low rank", supports_causal=False,
     requires_max_seq_len=True, supports_double_backward=True, supports_segments=True,
 ):  # fmt: skip
+    """Packed rows (``segments``): E and F are sliced to each document's length, as for a short sequence, so each
+    document attends to its own k summaries only (computed by unpacking the documents,
+    :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     example_configs = (
         {"k": 16},
         {"k": 16, "sharing": "none"},

@@ -69,6 +69,9 @@ class CausalLinformerAttention(
     AttentionCore, approximation="low rank", supports_cross_attention=False, supports_double_backward=True,
     has_decoding_cache=True, supports_segments=True,
 ):  # fmt: skip
+    """Packed rows (``segments``): blocks and block summaries restart at each document, whose last block may be
+    short (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     example_configs = (
         {"block_size": 8, "block_k": 2},
         {"block_size": 16, "block_k": 4, "sharing": "none"},

@@ -66,6 +66,10 @@ class MixtureOfBlockAttention(
     AttentionCore, approximation="content-selected sparsity", supports_cross_attention=False, has_decoding_cache=True,
     supports_segments=True,
 ):  # fmt: skip
+    """Packed rows (``segments``): blocks restart at each document (its last block may be short) and the gate
+    chooses among the document's own blocks (computed by unpacking the documents,
+    :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     example_configs = (
         {"block_size": 4, "top_k": 2},
         {"block_size": 8, "top_k": 1},

@@ -166,6 +166,10 @@ class NystromAttention(
     AttentionCore, approximation="low rank", supports_causal=False, supports_double_backward=True,
     supports_cross_attention=False, supports_segments=True,
 ):  # fmt: skip
+    """Packed rows (``segments``): landmarks are segment means within each document (a document shorter than the
+    landmark count uses its own tokens as landmarks, as for a short sequence), so no landmark mixes two documents
+    (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+
     #: no causal Nystrom exists (see the module doc): decoders use exact full attention instead
     causal_counterpart: ClassVar[str | None] = "full"
     example_configs = (
