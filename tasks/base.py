@@ -235,7 +235,7 @@ class EncoderTask(ZooTask):
             # the logger keeps only every log_every_n_steps-th training value; logging and metric updates at the
             # other steps are pure overhead, a sizeable share of a small model's step
             return loss
-        batch_size = batch["tokens"].shape[0]
+        batch_size = batch["labels"].shape[0]  # examples, not rows: a packed batch holds B examples in R <= B rows
         logged = dict(on_step=is_train, on_epoch=not is_train, batch_size=batch_size)
         # an epoch value is Lightning's batch_size-weighted mean of the batch values; weighting each batch loss
         # by its number of terms makes val/loss the mean over all sequences (or scored tokens), so that for

@@ -7,7 +7,8 @@ same encoder (no attention across them), each is mean-pooled over its real token
 feed-forward width (``dim * ff_mult``; theirs ``transformer_hidden_dim``). LRA's own ``classifier_head_dual``
 builds the same features under ``interaction="NLI"`` with a three-layer MLP, but its released matching
 ``train.py`` never sets it (only ``[u, v]`` reaches the head there). Batches are the pair form of the data
-contract (:mod:`tasks.data.retrieval`): ``tokens`` and ``mask`` ``(B, 2, N)``, ``labels`` ``(B,)``.
+contract (:mod:`tasks.data.retrieval`): ``tokens`` and ``mask`` ``(B, 2, N)``, ``labels`` ``(B,)``; packed rows
+(``segments``) are refused: the pair data are not packed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ class DocumentMatching(SequenceClassification):
         pairs = rearrange(pooled, "(b two) d -> two b d", two=2)
         return pairs[0], pairs[1]
 
-    def forward(self, tokens: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, mask: Tensor, segments: Tensor | None = None) -> Tensor:
+        if segments is not None:
+            raise ValueError(
+                "DocumentMatching takes pairs of documents (tokens (B, 2, N)), not packed rows: segments are not "
+                "supported; leave the data option pack off"
+            )
         u, v = self.encode_pairs(tokens, mask)
         return self.head(interaction_features(u, v))

@@ -8,6 +8,11 @@ Batches are dicts (the contract with the task modules in ``tasks/``):
 - ``"labels"``: LongTensor ``(B,)`` when ``target == "sequence"``; ``(B, N)`` with ``-100`` = ignore when
   ``target == "token"`` (padding is always ``-100``).
 
+A packed batch of sequence classification (data option ``pack``, :class:`PackCollate`) holds the same B examples
+in R <= B rows: ``"tokens"`` and ``"mask"`` ``(R, N)``, ``"segments"`` ``(R, S + 1)`` (each row's document
+boundaries, :mod:`attention_zoo.packing`) and ``"labels"`` ``(B,)`` in document order: row by row, and within a
+row from its first document to its last, the order in which the task pools the documents.
+
 Right after ``__init__`` every module exposes ``vocab_size``, ``max_seq_len``, ``num_classes``, ``pad_id``
 (ints) and ``target`` (str), which LightningCLI links into the model.
 
@@ -41,6 +46,9 @@ from einops import rearrange
 from lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from attention_zoo.packing import padding_mask
+from tasks.data.packing import first_fit, pack_side
 
 Split = Literal["train", "val", "test"]
 SPLITS: tuple[Split, ...] = ("train", "val", "test")
@@ -250,6 +258,33 @@ class PadCollate:
         if not per_token:
             labels = torch.stack([item_labels for _, item_labels in items]).long()
         return {"tokens": tokens, "mask": mask, "labels": labels}
+
+
+class PackCollate:
+    """Pack ``(tokens, label)`` items of sequence classification into rows of at most ``length`` tokens, several
+    examples a row, with their boundaries (the batch contract's packed form, module docstring).
+
+    The rows are :func:`tasks.data.packing.first_fit`'s (first-fit decreasing, each row's examples in batch order);
+    the labels follow the documents row by row. Rows are as wide as the fullest row, or ``length`` with ``pad_to``.
+    An item longer than ``length`` is refused (the data modules truncate or refuse such examples when they build a
+    split), and so is an empty one: it would have no token to pool.
+    """
+
+    def __init__(self, pad_id: int, length: int, *, pad_to: bool = False):
+        self.pad_id = pad_id
+        self.length = length
+        self.pad_to = pad_to
+
+    def __call__(self, items: list[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
+        sequences = [tokens for tokens, _ in items]
+        empty = next((i for i, tokens in enumerate(sequences) if tokens.numel() == 0), None)
+        if empty is not None:
+            raise ValueError(f"cannot pack example {empty} of the batch: it has no tokens (no document to pool)")
+        rows = first_fit([[tokens.numel()] for tokens in sequences], [self.length])
+        width = self.length if self.pad_to else max(sum(sequences[i].numel() for i in row) for row in rows)
+        tokens, segments = pack_side(sequences, rows, width, self.pad_id)
+        labels = torch.stack([items[i][1] for row in rows for i in row]).long()
+        return {"tokens": tokens, "mask": padding_mask(segments, width), "segments": segments, "labels": labels}
 
 
 class ZooDataModule(LightningDataModule):

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from tasks.data.base import SPLITS, DataError, Sequences, Split, ZooDataModule, derive_seed, split_sizes
+from tasks.data.base import SPLITS, DataError, PackCollate, Sequences, Split, ZooDataModule, derive_seed, split_sizes
 from tasks.data.tokenize import file_digest
 
 VALUE_P = 0.25
@@ -232,6 +234,10 @@ class ListOpsDataModule(ZooDataModule):
         val_size: validation expressions (LRA: 2000).
         test_size: test expressions (LRA: 2000).
         prepend_cls: put ``<cls>`` (id 1) before each expression, for models that pool the first token.
+        pack: pack each batch's examples into as few rows of ``max_seq_len`` tokens as they fit in (first-fit
+            decreasing, :class:`tasks.data.base.PackCollate`), with their boundaries (``segments``), instead of one
+            padded row each: the same examples and labels per step, less padding; the labels come in the rows'
+            document order, the order the classifier pools them in. Attention stays inside each example.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -252,6 +258,7 @@ class ListOpsDataModule(ZooDataModule):
         val_size: int = 2_000,
         test_size: int = 2_000,
         prepend_cls: bool = False,
+        pack: bool = False,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -259,6 +266,7 @@ class ListOpsDataModule(ZooDataModule):
         self.min_length, self.max_length = min_length, max_length
         self.max_depth, self.max_args = max_depth, max_args
         self.prepend_cls = prepend_cls
+        self.pack = pack
         self.data_dir = Path(data_dir) if data_dir is not None else None
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (expressions are shorter than max_length), got {max_length}")
@@ -335,3 +343,8 @@ class ListOpsDataModule(ZooDataModule):
                 labels = torch.tensor([values[i] for i in indices], dtype=torch.int64)
                 self._unclaimed[name] = Sequences.from_tensors(sequences, labels)
         return self._unclaimed.pop(split)
+
+    def collate(self) -> Callable[[list], dict[str, Tensor]]:
+        if self.pack:
+            return PackCollate(self.pad_id, self.max_seq_len, pad_to=self.pad_to_max_len)
+        return super().collate()

@@ -37,14 +37,15 @@ import io
 import json
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 
-from tasks.data.base import SPLITS, DataError, Sequences, Split, derive_seed
+from tasks.data.base import SPLITS, DataError, PackCollate, Sequences, Split, derive_seed
 from tasks.data.tokenize import CLS_ID, PAD_ID, TokenizedDataModule, TokenizerKind, file_digest
 
 Truncation = Literal["error", "keep_head", "keep_tail"]
@@ -259,6 +260,10 @@ class TextClassificationDataModule(TokenizedDataModule):
             not valid in it are an error naming the file and line.
         empty_text: a row whose text is missing, JSON ``null`` or empty: ``"error"`` (default: raise,
             naming the file and line) or ``"skip"`` (drop it; a warning counts and places the skipped rows).
+        pack: pack each batch's examples into as few rows of ``max_seq_len`` tokens as they fit in (first-fit
+            decreasing, :class:`tasks.data.base.PackCollate`), with their boundaries (``segments``), instead of one
+            padded row each: the same examples and labels per step, less padding; the labels come in the rows'
+            document order, the order the classifier pools them in. Attention stays inside each example.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -292,6 +297,7 @@ class TextClassificationDataModule(TokenizedDataModule):
         prepend_cls: bool = False,
         encoding: str = "utf-8",
         empty_text: EmptyText = "error",
+        pack: bool = False,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -334,6 +340,7 @@ class TextClassificationDataModule(TokenizedDataModule):
         self.truncation = truncation
         self.prepend_cls = prepend_cls
         self.encoding, self.empty_text = encoding, empty_text
+        self.pack = pack
         self._raw: dict[Split, list[Record] | None] = {}  # texts of each source, dropped after setup
         self._hf_data = None
         self._fingerprint: str | None = None
@@ -515,6 +522,11 @@ class TextClassificationDataModule(TokenizedDataModule):
                 truncated += 1
             sequences.append(torch.cat([torch.tensor([CLS_ID]), ids]) if self.prepend_cls else ids)
         return Sequences.from_tensors(sequences, torch.tensor(labels, dtype=torch.int64), truncated)
+
+    def collate(self) -> Callable[[list], dict[str, Tensor]]:
+        if self.pack:
+            return PackCollate(self.pad_id, self.max_seq_len, pad_to=self.pad_to_max_len)
+        return super().collate()
 
     def truncation_warning(self, split: Split, data: Sequences) -> str:
         return (
