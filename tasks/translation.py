@@ -29,7 +29,10 @@ The run record (``run.json``) also holds the resolved decoder self-attention and
 (:func:`attention_zoo.seq2seq.resolve_decoder_attention`), the cross-attention, the data module's
 ``corpus_summary()`` and the copy baseline of the validation subset and the test split.
 Batches are those of :mod:`tasks.data.translation` (``source``, ``source_mask``, ``target_in``,
-``target_out``, ``target_mask``, ``index``).
+``target_out``, ``target_mask``, ``index``). A packed batch (``--data.pack true``: training only) also carries
+``source_segments`` and ``target_segments``, which reach the model, so that each pair's target attends only to
+itself and, across, to its own source; its loss is the same mean over the same target tokens. Decoding is not
+packed: validation and test refuse packed batches (the data module keeps them padded).
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class TranslationTask(ZooTask):
             self.special_ids = {name: int(getattr(datamodule, name)) for name in ("bos_id", "eos_id", "pad_id")}
 
     def real_tokens(self, batch: dict[str, Tensor]) -> int:
-        """Source and target tokens (padding excluded): both pass through the model."""
+        """Source and target tokens (padding excluded, packed or padded): both pass through the model."""
         return int(batch["source_mask"].sum()) + int(batch["target_mask"].sum())
 
     def describe_run(self) -> dict[str, Any]:
@@ -183,8 +186,11 @@ class TranslationTask(ZooTask):
     # --- training --------------------------------------------------------------------------------------
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
-        """Teacher-forced logits (B, T, V)."""
-        return self.model(batch["source"], batch["source_mask"], batch["target_in"], batch["target_mask"])
+        """Teacher-forced logits (B, T, V); a packed batch's rows (R, T, V)."""
+        packed = {}
+        if "source_segments" in batch:
+            packed = {name: batch[name] for name in ("source_segments", "target_segments")}
+        return self.model(batch["source"], batch["source_mask"], batch["target_in"], batch["target_mask"], **packed)
 
     def loss(self, logits: Tensor, target_out: Tensor) -> Tensor:
         # b: batch, t: target positions, v: vocabulary
@@ -222,6 +228,7 @@ class TranslationTask(ZooTask):
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
         if self._score_bleu:
+            _refuse_packed(batch, "val")
             chosen = batch["index"] < self.hparams.bleu_sentences
             if bool(chosen.any()):
                 decoded = self._greedy(batch["source"][chosen], batch["source_mask"][chosen])
@@ -241,6 +248,7 @@ class TranslationTask(ZooTask):
         self._translations, self._speed_batches = {}, []
 
     def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        _refuse_packed(batch, "test")
         self._evaluate(batch, "test")
         decoded = self._beam(batch["source"], batch["source_mask"])
         self._collect(batch["index"], decoded)
@@ -341,6 +349,15 @@ class TranslationTask(ZooTask):
         if rows:
             table = "| source | reference | translation |\n|---|---|---|\n" + "\n".join(rows)
             self.logger.experiment.add_text(f"{split}/samples", table, self.global_step)
+
+
+def _refuse_packed(batch: dict[str, Tensor], stage: EvalStage) -> None:
+    # a packed row holds several sources; decoding it would translate their concatenation
+    if "source_segments" in batch:
+        raise ConfigError(
+            f"{stage} decodes its sources, which cannot be packed; give {stage} padded batches "
+            "(TranslationDataModule packs the training batches only)"
+        )
 
 
 def _short(scores: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ that sacreBLEU scores directly against the raw reference of :meth:`texts`. Overl
 error or dropped; a pair whose bytes alone exceed the limits (:meth:`overlong_by_bytes`) is found before the BPE
 is trained and never trained on (training time grows with the square of the length of a text without spaces).
 
-Batches (the contract with :mod:`tasks.translation`):
+Batches (the contract with :mod:`tasks.translation`; packed training batches, ``pack``: :class:`PackedPairCollate`):
 
 - ``source`` (B, S) long, padded with ``pad_id``, ending in EOS (no BOS); ``source_mask`` (B, S) bool, True = real;
 - ``target_in`` (B, T) long = BOS y_1 .. y_m, padded with ``pad_id``; ``target_mask`` (B, T) bool, True = real;
@@ -39,8 +39,9 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
+from attention_zoo.packing import padding_mask
 from tasks.data.base import (
     IGNORE_INDEX,
     SPLITS,
@@ -52,6 +53,7 @@ from tasks.data.base import (
     epoch_and_index,
 )
 from tasks.data.gettext_corpus import normalise_whitespace
+from tasks.data.packing import first_fit, pack_side
 from tasks.data.parallel_corpus import CorpusSpec, Source, SplitBy
 from tasks.data.tokenize import (
     BOS_ID,
@@ -110,6 +112,51 @@ class PairCollate:
         }
 
 
+class PackedPairCollate:
+    """Pack a batch of B ``(source, target, index)`` items into R <= B rows, each side with its boundaries.
+
+    Each pair is two documents, its source (tokens + EOS) and its decoder input (BOS + tokens, the length of its
+    ``target_out`` too), placed by :func:`tasks.data.packing.first_fit` into rows holding up to
+    ``max_source_len`` source and ``max_target_len`` target tokens (every pair of the module fits one). A batch is
+    as wide as its fullest row on each side, or the row lengths themselves with ``pad_to_max_len``. The batch:
+
+    - ``source`` (R, S), ``source_mask``, ``target_in`` (R, T), ``target_out`` (-100 after each row's last pair)
+      and ``target_mask`` as in a padded batch, row by row; pair d of a row is source document d and target
+      document d;
+    - ``source_segments``, ``target_segments`` (R, D + 1) long (:mod:`attention_zoo.packing`), D the most pairs
+      in a row (a row with fewer repeats its last boundary);
+    - ``index`` (B,) long, the pairs in packed order: row 0's documents, then row 1's, and so on.
+    """
+
+    def __init__(self, max_source_len: int, max_target_len: int, *, pad_to_max_len: bool = False):
+        self.max_source_len, self.max_target_len, self.pad_to_max_len = max_source_len, max_target_len, pad_to_max_len
+
+    def __call__(self, items: list[tuple[Tensor, Tensor, int]]) -> dict[str, Tensor]:
+        sources = [source for source, _, _ in items]
+        targets_in = [torch.cat([torch.tensor([BOS_ID]), target]) for _, target, _ in items]
+        targets_out = [torch.cat([target, torch.tensor([EOS_ID])]) for _, target, _ in items]
+        sizes = [(len(s), len(t)) for s, t in zip(sources, targets_in, strict=True)]
+        rows = first_fit(sizes, (self.max_source_len, self.max_target_len))
+        if self.pad_to_max_len:
+            width_s, width_t = self.max_source_len, self.max_target_len
+        else:
+            width_s = max(sum(sizes[i][0] for i in row) for row in rows)
+            width_t = max(sum(sizes[i][1] for i in row) for row in rows)
+        source, source_segments = pack_side(sources, rows, width_s, PAD_ID)
+        target_in, target_segments = pack_side(targets_in, rows, width_t, PAD_ID)
+        target_out, _ = pack_side(targets_out, rows, width_t, IGNORE_INDEX)
+        return {
+            "source": source,
+            "source_mask": padding_mask(source_segments, width_s),
+            "target_in": target_in,
+            "target_out": target_out,
+            "target_mask": padding_mask(target_segments, width_t),
+            "source_segments": source_segments,
+            "target_segments": target_segments,
+            "index": torch.tensor([items[i][2] for row in rows for i in row], dtype=torch.long),
+        }
+
+
 class TranslationDataModule(ZooDataModule):
     """Sentence pairs for encoder-decoder translation, tokenised with a joint BPE (see the module docstring).
 
@@ -160,6 +207,13 @@ class TranslationDataModule(ZooDataModule):
         train_single_messages: with documents (m > 1), also train on each message of the training documents on
             its own (val and test stay documents), so that the model can learn to align on short pairs; counted in
             ``corpus_summary()["documents"]["train_single_messages"]``. Default False.
+        pack: pack the training batches (:class:`PackedPairCollate`): each batch of the unchanged sampler, its
+            ``batch_size`` pairs, is laid into as few rows as first-fit decreasing finds, rows of up to
+            ``max_source_len`` source and ``max_target_len`` target tokens, with each row's pair boundaries on both
+            sides, so that no token attends to another pair's (cross-attention included). The loss is the same
+            mean over the same target tokens as padded. Validation and test batches stay padded: they are decoded
+            (greedy BLEU, beam search), which is not packed, and their loss and perplexity do not depend on the
+            layout. Default False: every batch padded.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -195,6 +249,7 @@ class TranslationDataModule(ZooDataModule):
         dedupe_normalised: bool = False,
         messages_per_document: int = 1,
         train_single_messages: bool = False,
+        pack: bool = False,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -231,6 +286,7 @@ class TranslationDataModule(ZooDataModule):
         self.source, self.source_lang, self.target_lang = source, source_lang, target_lang
         self.bpe_vocab_size, self.overlong = bpe_vocab_size, overlong
         self.max_source_len, self.max_target_len = max_source_len, max_target_len
+        self.pack = pack
         max_seq_len = max(max_source_len, max_target_len)
         self.expose(vocab_size=bpe_vocab_size, max_seq_len=max_seq_len, num_classes=bpe_vocab_size, pad_id=PAD_ID)
         self.bos_id, self.eos_id = BOS_ID, EOS_ID
@@ -381,3 +437,14 @@ class TranslationDataModule(ZooDataModule):
     def collate(self) -> PairCollate:
         pad_to = (self.max_source_len, self.max_target_len) if self.pad_to_max_len else (None, None)
         return PairCollate(*pad_to)
+
+    def packed_collate(self) -> PackedPairCollate:
+        """The collate of the training batches with ``pack``."""
+        return PackedPairCollate(self.max_source_len, self.max_target_len, pad_to_max_len=self.pad_to_max_len)
+
+    def train_dataloader(self) -> DataLoader:
+        loader = super().train_dataloader()
+        if self.pack:
+            # the base builds every split's loader with collate(); only training is packed (evaluation decodes)
+            loader.collate_fn = self.packed_collate()
+        return loader

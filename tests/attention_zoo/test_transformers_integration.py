@@ -358,21 +358,13 @@ def test_split_mask_reads_padding_and_causality():
         hf.split_mask(additive + 0.5, 5, 5, default_causal=True)
 
 
-def test_packed_sequences_are_refused():
-    net = hf.use_attention(build("llama"), "full")
-    ids, _ = batch("llama")
-    positions = torch.cat([torch.arange(16), torch.arange(16)]).expand(2, -1)  # two sequences packed in each row
-    with pytest.raises(ValueError, match="packed sequences"):  # transformers detects packing without a cache only
-        net(input_ids=ids, position_ids=positions, use_cache=False)
-
-
-def test_a_custom_4d_mask_that_is_not_padding_plus_causal_is_refused():
+def test_a_custom_4d_mask_that_is_not_padding_plus_causal_nor_packed_is_refused():
+    # packed documents (a block-diagonal mask) are read as segments: test_transformers_packed.py
     net = hf.use_attention(build("gpt2"), "full")
     ids, _ = batch("gpt2")
-    block = torch.zeros(N, N, dtype=torch.bool)
-    block[:16, :16] = block[16:, 16:] = True  # two packed documents
-    with pytest.raises(ValueError, match="not padding, nor padding plus causal"):
-        net(input_ids=ids, attention_mask=(block & torch.ones(N, N, dtype=torch.bool).tril()).expand(2, 1, N, N))
+    window = torch.ones(N, N, dtype=torch.bool).tril() & torch.ones(N, N, dtype=torch.bool).triu(-3)
+    with pytest.raises(ValueError, match="not padding, nor padding plus causal .*, nor packed documents"):
+        net(input_ids=ids, attention_mask=window.expand(2, 1, N, N))
 
 
 def test_sliding_window_layers_are_refused():
