@@ -133,10 +133,24 @@ class PatternAttention(
     def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
                         causal: bool) -> Tensor:  # fmt: skip
         """Packed rows: the pattern at positions within each document (a window does not cross a boundary;
-        BigBird's blocks, global and random, are the document's own, counted from its start). BigBird's random
-        blocks and trailing global block depend on the document's length, so its documents of one length run
-        together, unpadded; every other pattern runs the documents padded to the longest, in one call."""
+        BigBird's blocks, global and random, are the document's own, counted from its start); padding gives 0.
+
+        With ``impl="flex"`` (``"auto"``'s choice on CUDA) local, strided, fixed, blockwise and longformer run
+        one FlexAttention call over the packed rows: the pattern's mask function at positions within the
+        document, AND the document mask (:func:`~attention_zoo.sparse.flex.build_document_block_mask`, built
+        per call, since it depends on the segments). Their rules do not depend on the sequence length, so one
+        rule serves documents of every length. BigBird's does (its random blocks, and the trailing global block
+        of ``"ends"``, follow the document's length), so BigBird under every implementation runs its documents
+        of one length together, unpadded, one call per length; the other patterns under ``"blocked"`` and
+        ``"dense"`` run the documents padded to the longest, in one call
+        (:func:`~attention_zoo.packing.unpacked_attention`)."""
         by_length = isinstance(self.pattern, BigBirdPattern)
+        if self.resolved_impl(q) == "flex" and not by_length:
+            flex.check_flex_inputs(q, k, v)
+            nq, nk = q.shape[-2], k.shape[-2]  # the rule ignores the length it is made for
+            block_mask = flex.build_document_block_mask(self.mask_mod(nq, causal, q.device), segments, key_segments,
+                                                        nq, nk, q.device)  # fmt: skip
+            return flex.flex_pattern_attention(q, k, v, block_mask, None, self.scale)
         return packing.unpacked_attention(self.attend, q, k, v, segments, key_segments, causal=causal,
                                           group_by_length=by_length)  # fmt: skip
 

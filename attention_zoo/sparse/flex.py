@@ -11,6 +11,10 @@ pattern's tiles, forward and backward.
   (:meth:`~attention_zoo.sparse.attention.PatternAttention.attend`), one evaluation of the mask function on
   the dense (n, n) grid. Key padding is a ``score_mod`` closing over the ``(B, Nk)`` mask, an input of the
   compiled graph: a batch with new padding reuses the cached block mask and the compiled kernel.
+- Packed rows (:func:`build_document_block_mask`): the pattern's mask function evaluated at the positions
+  within each document, AND the document mask (query and key in the same document; padding after the last
+  document attends nothing). It depends on the segments, so it is built per call, one row at a time: the
+  mask function runs on one (n, n) grid per row, never on (B, n, n) at once.
 - A query with no allowed key gives zeros, the library convention (its log-sum-exp is -inf).
 - The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx): no
   reduction and no buffer or device copy inside it. Every rule of :mod:`attention_zoo.sparse.mask_mods` is;
@@ -35,6 +39,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from attention_zoo import packing
 from attention_zoo.masks import MaskMod
 
 try:  # torch >= 2.9; return_lse is deprecated there
@@ -84,6 +89,47 @@ def check_flex_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
 def build_block_mask(mask_mod: MaskMod, n: int, device: torch.device) -> BlockMask:
     """The pattern's tiles for self-attention over ``n`` positions (no batch or head dependence)."""
     return create_block_mask(mask_mod, None, None, n, n, device=device)
+
+
+def build_document_block_mask(mask_mod: MaskMod, segments: Tensor, key_segments: Tensor, nq: int, nk: int,
+                              device: torch.device) -> BlockMask:  # fmt: skip
+    """Packed rows (:mod:`attention_zoo.packing`): query i may attend key j when both lie in the same document
+    (query document s, key document s of ``key_segments``) and ``mask_mod`` allows their positions within
+    it, (i - start, j - start). A padding query attends nothing. ``mask_mod`` must not depend on the length
+    of the sequence it is evaluated on (it sees positions of documents of every length)."""
+    # (B, N) lookups: each position's document (-1: padding) and its offset from the document's start
+    tables = (
+        packing.document_ids(segments, nq),
+        packing.document_ids(key_segments, nk),
+        packing.positions_in_documents(segments, nq),
+        packing.positions_in_documents(key_segments, nk),
+    )
+    rows = [
+        create_block_mask(
+            _within_documents(mask_mod, *(t[row : row + 1] for t in tables)), 1, None, nq, nk, device=device
+        )
+        for row in range(segments.shape[0])
+    ]
+    stacked = (torch.cat([getattr(m, name) for m in rows]) for name in _BLOCK_TABLES)
+    packed = _within_documents(mask_mod, *tables)
+    return BlockMask.from_kv_blocks(*stacked, BLOCK_SIZE=rows[0].BLOCK_SIZE, mask_mod=packed, seq_lengths=(nq, nk))
+
+
+#: a BlockMask's per-row tables (B, H, query blocks[, key blocks]): the partial and the full tiles of each row
+_BLOCK_TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+
+
+def _within_documents(mask_mod: MaskMod, query_docs: Tensor, key_docs: Tensor, query_at: Tensor,
+                      key_at: Tensor) -> MaskMod:  # fmt: skip
+    """``mask_mod`` at positions within the documents, AND the document mask; the tables are (B, N) lookups,
+    so the rule stays pointwise."""
+
+    def within_documents(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        query_doc = query_docs[b, q_idx]
+        same = (query_doc == key_docs[b, kv_idx]) & (query_doc >= 0)
+        return same & mask_mod(b, h, query_at[b, q_idx], key_at[b, kv_idx])
+
+    return within_documents
 
 
 def flex_pattern_attention(
