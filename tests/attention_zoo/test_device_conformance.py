@@ -11,7 +11,9 @@ float64 reference run **on the same device**:
   batch element padded), compared at the real query positions, where the core supports masks;
 - ``test_backward``: the gradients of q, k, v (q, v for a shared-QK core) and of every parameter, for one fixed
   random output gradient (zero at padded query positions), with the padding mask where the core supports it,
-  within :data:`BACKWARD_TOLERANCE`.
+  within :data:`BACKWARD_TOLERANCE`;
+- ``test_packed_forward_and_backward``: packed rows (``segments``) against the float64 reference on each document
+  alone, output and gradients.
 
 The reference is the low-precision core and inputs themselves, cast back to float64 (``copy.deepcopy(core)
 .double()`` and ``q.double()``): both runs see bit-identical parameters, buffers and inputs, so the measured
@@ -218,4 +220,62 @@ def test_backward(case, dtype, n, causal):
     assert not bad, f"{label}: non-finite gradient for {', '.join(bad)}; {text}"
     for key, g in grads.items():
         assert g.dtype == dtype, f"{label}: gradient {key} is {g.dtype}"
+    assert max(errors.values()) <= tolerance, text
+
+
+#: per row: documents of length 1, shorter than a block or window, filling the row, and padding after the last
+PACKED_LENGTHS = ((1, 7, 3, 20), (9, 23), (5, 5, 1, 12))
+
+
+def alone_reference(reference: az.AttentionCore, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """The float64 reference core applied to each document of :data:`PACKED_LENGTHS` alone, stitched back into the
+    packed layout (padding 0): what the packed contract (attention_zoo.packing) says a packed call gives."""
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for row, lengths in enumerate(PACKED_LENGTHS):
+        start = 0
+        for length in lengths:
+            span = (slice(row, row + 1), slice(None), slice(start, start + length))
+            out[span] = reference(q[span].double(), k[span].double(), v[span].double(), causal=causal)
+            start += length
+    return out
+
+
+def packed_inputs(core: az.AttentionCore, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from attention_zoo.packing import segments_from_lengths
+
+    n = 32
+    q, k, v = (t.to(DEVICE, dtype) for t in qkv(core, len(PACKED_LENGTHS), n))
+    return q, k, v, segments_from_lengths(PACKED_LENGTHS, n, device=DEVICE)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])
+def test_packed_forward_and_backward(case, dtype, causal):
+    """Packed rows (``segments``) on the device in ``dtype`` against the float64 reference on each document alone:
+    forward and the gradients of q, k, v, within the tolerances above."""
+    name, options = case
+    if causal and not supports(name, "supports_causal"):
+        pytest.skip(f"{name} does not support causal attention")
+    core, reference = cores(name, options, dtype)
+    q, k, v, segments = packed_inputs(core, dtype)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(DEVICE, dtype)
+    leaves = tuple(t.detach().requires_grad_(True) for t in ((q, v) if core.needs_shared_qk else (q, k, v)))
+    lq, lk, lv = (leaves[0], leaves[0], leaves[1]) if core.needs_shared_qk else leaves
+    try:
+        out = core(lq, lk, lv, segments=segments, causal=causal)
+        out.backward(grad_out)
+    except (RuntimeError, NotImplementedError) as error:
+        skip_for_missing_low_precision_kernel(error, dtype)
+        raise
+    ref_leaves = tuple(t.detach().double().requires_grad_(True) for t in leaves)
+    rq, rk, rv = (ref_leaves[0], ref_leaves[0], ref_leaves[1]) if core.needs_shared_qk else ref_leaves
+    ref = alone_reference(reference, rq, rk, rv, causal)
+    ref.backward(grad_out.double())
+    label = f"{case_id(case)} {str(dtype).removeprefix('torch.')} causal={causal} packed"
+    names = ("q", "v") if core.needs_shared_qk else ("q", "k", "v")
+    errors = {"out": relative_error(out.detach(), ref.detach())}
+    errors |= {f"d{n}": relative_error(a.grad, b.grad) for n, a, b in zip(names, leaves, ref_leaves, strict=True)}
+    tolerance = BACKWARD_TOLERANCE[dtype]
+    text = report(label, errors, tolerance)
+    assert errors["out"] <= FORWARD_TOLERANCE[dtype], text
     assert max(errors.values()) <= tolerance, text
