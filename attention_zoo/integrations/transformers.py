@@ -29,11 +29,14 @@ docs/huggingface.md ("What the core gets") gives the details.
 Reloading: :func:`from_pretrained` builds the model with transformers' ``from_pretrained`` (which drops the zoo
 tensors it does not know), applies :func:`use_attention` with the spec that :func:`use_attention` stored in the
 saved config (or the one given), then loads every zoo tensor from the checkpoint's safetensors files, refusing a
-missing, unexpected or mis-shaped one.
+missing, unexpected or mis-shaped one. transformers' load report, which would list the zoo tensors as UNEXPECTED, is
+held back; a key outside the zoo's that transformers found missing, unexpected or mis-shaped is logged as one warning
+line, and the whole report is shown when transformers' loading fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -44,6 +47,7 @@ import math
 import re
 import sys
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,9 +246,15 @@ def from_pretrained(
     to its ``from_pretrained`` (``dtype``, ...). ``attention`` (as :func:`use_attention` takes it) and its options
     default to the spec that :func:`use_attention` stored in the saved config. Plain ``from_pretrained`` would drop
     the zoo tensors.
+
+    transformers' load report is not printed for the zoo tensors it skips (they are loaded here); keys outside the
+    zoo's that it found missing, unexpected or mis-shaped are logged as one warning line naming them. When its
+    loading fails, its whole report is logged before the error.
     """
     path = Path(path)
-    model = model_class.from_pretrained(path, **(model_kwargs or {}))
+    with _held_load_report(path):
+        model, info = model_class.from_pretrained(path, **{**(model_kwargs or {}), "output_loading_info": True})
+    _warn_foreign_keys(path, info)
     if attention is None:
         spec = getattr(model.config, CONFIG_ATTRIBUTE, None)
         if not isinstance(spec, dict):
@@ -261,6 +271,52 @@ def from_pretrained(
     )  # fmt: skip
     load_zoo_tensors(model, path)
     return model
+
+
+@contextlib.contextmanager
+def _held_load_report(path: Path) -> Iterator[None]:
+    """Keep back the load report transformers logs for ``path``; log it after all if the loading fails.
+
+    The report is told apart by the function that logs it, not by its wording; a report for another path (another
+    thread loading at the same time) passes.
+    """
+    reporter = logging.getLogger("transformers.modeling_utils")
+    held: list[logging.LogRecord] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        if record.funcName == "log_state_dict_report" and f"from: {path}" in record.getMessage():
+            held.append(record)
+            return False
+        return True
+
+    reporter.addFilter(hold)
+    try:
+        yield
+    except BaseException:
+        reporter.removeFilter(hold)
+        for record in held:  # transformers' error points at its report
+            reporter.handle(record)
+        raise
+    reporter.removeFilter(hold)
+
+
+def _warn_foreign_keys(path: Path, info: dict[str, Any]) -> None:
+    """One warning line naming the keys outside the zoo's that transformers' loading found missing, unexpected or
+    mis-shaped (``info``: the ``loading_info`` of its ``from_pretrained``)."""
+    found = {
+        "unexpected": sorted(k for k in info["unexpected_keys"] if not _is_zoo_key(k)),
+        "missing": sorted(info["missing_keys"]),
+        "mis-shaped": [f"{k} (checkpoint {tuple(a)}, model {tuple(b)})" for k, a, b in sorted(info["mismatched_keys"])],
+    }
+    parts = [
+        f"{kind} {', '.join(keys[:5])}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+        for kind, keys in found.items()
+        if keys
+    ]
+    if parts:
+        logger.warning(
+            "attention_zoo: %s: checkpoint and model differ outside the zoo's tensors: %s", path, "; ".join(parts)
+        )
 
 
 def load_zoo_tensors(model: nn.Module, path: str | Path) -> None:
