@@ -37,6 +37,9 @@ Conventions of this implementation (the papers leave them open):
   nothing about query i depends on later keys.
 - Decoding (:class:`KernelState`): the state and its reference; each step is one chunk of the same scan,
   O(m D) per sequence whatever the length.
+- Packed rows (``segments``, :mod:`attention_zoo.packing`): each document is its own sequence, so the sums
+  restart at each boundary and positions count from the document's start
+  (:meth:`KernelAttention.attend_segments`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from torch import Tensor
 
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.kernel.bidirectional import bidirectional
-from attention_zoo.kernel.products import LOW, CausalProduct, causal_scan, normalised
+from attention_zoo.kernel.products import LOW, CausalProduct, causal_scan, finite_or_zero, normalised
 from attention_zoo.precision import full_precision
 
 
@@ -94,8 +97,51 @@ class KernelAttention(
         self.chunk_size = chunk_size
 
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
-        """phi of ``x`` (B, H, N, D) at ``positions`` (N,), ``(B, H, N, m)`` in ``x``'s dtype (float32 or 64)."""
+        """phi of ``x`` (B, H, N, D) at ``positions`` (N,), or (B, 1, N) when each sequence has positions of its own
+        (packed documents), ``(B, H, N, m)`` in ``x``'s dtype (float32 or 64)."""
         raise NotImplementedError
+
+    def begin_pass(self) -> None:
+        """Called once at the start of each forward that does not go through :meth:`attend` (the packed
+        non-causal form): what a core does there besides attending. Nothing here."""
+
+    def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
+                        causal: bool) -> Tensor:  # fmt: skip
+        """Packed rows: every document is its own sequence, so the sums phi(K)^T [V 1] restart at each boundary
+        and the features' positions (cosFormer's re-weighting) count from the document's start.
+
+        Non-causal, in one pass with no padding to the longest document: each document is cut into pieces of
+        at most ``chunk_size`` positions (:func:`document_pieces`; a document wastes less than one piece), each
+        key piece's phi(K)^T [V 1] is added into its document's sums, and each query piece reads the sums of its
+        own document (cross-attention: query document s reads key document s). Log-domain key features
+        (Performer's exponential features) are weighted relative to the largest key of their own document, as
+        for the document alone, so a document of small keys next to one of large keys does not underflow. Plain
+        autograd, so gradients of any order; memory O(n (m + D) + P m D) per head for P pieces (the sums read
+        by each query piece are kept for the backward), no (n, n) tensor.
+
+        Causal: each document through the causal form on its own (the base class's
+        :func:`~attention_zoo.packing.unpacked_attention`, one call on the documents padded to the longest):
+        the chunked prefix scan carries one state along the whole row and has no reset at a boundary."""
+        if causal:
+            return super().attend_segments(q, k, v, segments=segments, key_segments=key_segments, causal=causal)
+        self.begin_pass()
+        # p: pieces, h: heads, c: positions in a piece, f: features, e: value width + 1
+        with full_precision(q) as compute:
+            q_row, q_position, q_real, q_offset, q_document = document_pieces(segments, self.chunk_size)
+            k_row, k_position, k_real, k_offset, k_document = document_pieces(key_segments, self.chunk_size)
+            x = gathered(q, q_row, q_position, q_real).to(compute)
+            y = gathered(k, k_row, k_position, k_real).to(compute)
+            fq = self.features(x, q_offset.unsqueeze(1), is_query=True)
+            fk = self.features(y, k_offset.unsqueeze(1), is_query=False)
+            fk = fk.masked_fill(~rearrange(k_real, "p c -> p 1 c 1"), -math.inf if self.log_key_features else 0.0)
+            documents = segments.shape[0] * (segments.shape[1] - 1)
+            if self.log_key_features:
+                fk = torch.exp(fk - rearrange(document_maxima(fk, k_document, documents), "p h -> p h 1 1"))
+            values = F.pad(gathered(v, k_row, k_position, k_real).to(compute), (0, 1), value=1.0)  # [V, 1]
+            sums = fk.new_zeros(documents, q.shape[1], fk.shape[-1], values.shape[-1])
+            sums = sums.index_add(0, k_document, fk.transpose(-1, -2) @ values)  # (documents, h, f, e)
+            out = normalised(fq @ sums[q_document])
+            return scattered(out, q_row, q_position, q_real, q.shape).to(q.dtype)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, i / j: query / key positions, f: features, e: value width + 1 (the normaliser)
@@ -169,6 +215,49 @@ class KernelAttention(
                 fq, fk, values, scale, None, chunk, state.sums, state.reference
             )
             return normalised(sums[:, :, :steps]).to(q.dtype)
+
+
+def document_pieces(segments: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The documents of packed rows cut into P pieces of at most ``size`` positions, in row order: each piece's
+    row ``(P,)``; for each of its slots the position in the row (0 where unused), whether it is used and the
+    offset from the document's start (0 where unused), ``(P, size)`` each; each piece's document ``(P,)``,
+    numbered ``row * S + s`` (S documents per row). Empty documents have no piece."""
+    b, documents = segments.shape[0], segments.shape[1] - 1
+    starts, lengths = segments[:, :-1].reshape(-1), (segments[:, 1:] - segments[:, :-1]).reshape(-1)
+    counts = -(-lengths // size)  # pieces per document
+    document = torch.arange(b * documents, device=segments.device).repeat_interleave(counts)
+    first = (counts.cumsum(0) - counts)[document]  # the document's first piece
+    rank = torch.arange(document.shape[0], device=segments.device) - first
+    offset = rank[:, None] * size + torch.arange(size, device=segments.device)
+    real = offset < lengths[document, None]
+    position = (starts[document, None] + offset).masked_fill(~real, 0)
+    return document // documents, position, real, offset.masked_fill(~real, 0), document
+
+
+def gathered(t: Tensor, row: Tensor, position: Tensor, real: Tensor) -> Tensor:
+    """The pieces of ``t`` (B, H, N, D) at ``row``, ``position``, ``real`` of :func:`document_pieces`, as
+    (P, H, c, D) with unused slots 0 (whatever padding holds, NaN included, stays out)."""
+    pieces = t[row[:, None], :, position].masked_fill(~rearrange(real, "p c -> p c 1 1"), 0.0)  # (p, c, h, d)
+    return rearrange(pieces, "p c h d -> p h c d")
+
+
+def scattered(pieces: Tensor, row: Tensor, position: Tensor, real: Tensor, shape: torch.Size) -> Tensor:
+    """The inverse of :func:`gathered`: pieces (P, H, c, D) at their positions of packed rows of ``shape``
+    (B, H, N, D), 0 at every position no piece covers (padding)."""
+    values = rearrange(pieces, "p h c d -> p c h d")[real]  # (positions, h, d)
+    b, h, n, d = shape
+    rows = row[:, None].expand_as(position)[real]
+    return rearrange(values.new_zeros(b, n, h, d).index_put((rows, position[real]), values), "b n h d -> b h n d")
+
+
+def document_maxima(log_features: Tensor, document: Tensor, documents: int) -> Tensor:
+    """For log-domain key features ``log_features`` (P, H, c, m) of the pieces of :func:`document_pieces`, each
+    piece's reference ``(P, H)``: the largest log feature of its document's real keys (unused slots are -inf),
+    0 where that is not finite (NaN stays in the features). Detached: the output does not depend on it."""
+    piece_maxima = log_features.detach().amax(dim=(-2, -1))  # (p, h)
+    maxima = piece_maxima.new_full((documents, piece_maxima.shape[1]), -math.inf)
+    maxima = maxima.scatter_reduce(0, document[:, None].expand_as(piece_maxima), piece_maxima, "amax")
+    return finite_or_zero(maxima)[document]
 
 
 def padded(t: Tensor, front: int, back: int, value: float = 0.0) -> Tensor:

@@ -69,7 +69,8 @@ class CosFormerAttention(KernelAttention, requires_max_seq_len=True, position_fr
     """Packed rows (``segments``): each document is its own sequence: the sums and the causal prefix state restart
     at each boundary and the re-weighting cos(pi i / 2M) counts i from the document's start. M stays
     ``max_seq_len``, as for a document alone (never a sequence's own length: module docstring), so packing changes
-    no weight (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+    no weight. Non-causal in one pass over the packed rows, causal by unpacking the documents
+    (:meth:`~attention_zoo.kernel.attention.KernelAttention.attend_segments`)."""
 
     # not position-free: the re-weighting reads each query's index in the call, which a decoder's step-by-step
     # cross-attention cannot give (its one query sits at index 0): cross-attention is for whole-sequence use only
@@ -79,12 +80,15 @@ class CosFormerAttention(KernelAttention, requires_max_seq_len=True, position_fr
         "decoding do not depend on the total length); causal by exact chunked prefix sums"
     )
 
+    def attend_segments(self, q: Tensor, k: Tensor, v: Tensor, *, segments: Tensor, key_segments: Tensor,
+                        causal: bool) -> Tensor:  # fmt: skip
+        if not causal:  # the causal form checks each document in attend
+            self.check_query_length(int((segments[:, 1:] - segments[:, :-1]).max()), "query document")
+        return super().attend_segments(q, k, v, segments=segments, key_segments=key_segments, causal=causal)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
-        if not causal and q.shape[-2] > self.max_seq_len:
-            raise ValueError(
-                f"cosformer: query length {q.shape[-2]} exceeds max_seq_len={self.max_seq_len} (= M of the "
-                "re-weighting, which needs every position < M); rebuild it with a larger max_seq_len"
-            )
+        if not causal:
+            self.check_query_length(q.shape[-2], "query length")
         if causal or q.device.type != "cpu":  # an accelerator makes the whole maps in one product
             return super().attend(q, k, v, mask=mask, causal=causal)
         with full_precision(q) as compute:
@@ -96,11 +100,19 @@ class CosFormerAttention(KernelAttention, requires_max_seq_len=True, position_fr
             x, y, values = q.to(compute), k.to(compute), v.to(compute)
             return ChunkedCosformer.apply(x, y, values, *weights, hidden, chunk).to(q.dtype)
 
+    def check_query_length(self, length: int, what: str) -> None:
+        """Non-causal queries sit at 0 .. length - 1: refused past M, where the re-weighting would turn negative."""
+        if length > self.max_seq_len:
+            raise ValueError(
+                f"cosformer: {what} {length} exceeds max_seq_len={self.max_seq_len} (= M of the re-weighting, which "
+                "needs every position < M); rebuild it with a larger max_seq_len"
+            )
+
     def features(self, x: Tensor, positions: Tensor, *, is_query: bool) -> Tensor:
         return reweighted(x, self.position_weights(positions, x.dtype))
 
     def position_weights(self, positions: Tensor, dtype: torch.dtype) -> Tensor:
-        """[cos(pi i / 2M), sin(pi i / 2M)] of each position i, ``(N, 2)``."""
+        """[cos(pi i / 2M), sin(pi i / 2M)] of each position i, ``(..., N, 2)`` for ``positions`` (..., N)."""
         angle = positions.to(dtype) * (math.pi / (2 * self.max_seq_len))
         return torch.stack([angle.cos(), angle.sin()], dim=-1)
 

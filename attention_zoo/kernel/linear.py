@@ -35,7 +35,8 @@ from attention_zoo.registry import register_attention
 @register_attention("linear")
 class LinearAttention(KernelAttention):
     """Packed rows (``segments``): the sums phi(K)^T [V 1] (and the causal prefix state) restart at each document
-    boundary (computed by unpacking the documents, :func:`~attention_zoo.packing.unpacked_attention`)."""
+    boundary; non-causal in one pass over the packed rows (:meth:`KernelAttention.attend_segments`), causal by
+    unpacking the documents (:func:`~attention_zoo.packing.unpacked_attention`)."""
 
     example_configs = ({"chunk_size": 8}, {"chunk_size": 5})
     notes: ClassVar[str] = (

@@ -75,8 +75,9 @@ def orthogonal_gaussian_features(m: int, d: int, generator: torch.Generator) -> 
 @register_attention("performer")
 class PerformerAttention(KernelAttention):
     """Packed rows (``segments``): the sums phi(K)^T [V 1] (and the causal prefix state) restart at each document
-    boundary, with the layer's one feature draw for every document (computed by unpacking the documents,
-    :func:`~attention_zoo.packing.unpacked_attention`)."""
+    boundary, with the layer's one feature draw for every document and each document's keys stabilised against
+    its own largest; non-causal in one pass over the packed rows (:meth:`KernelAttention.attend_segments`), causal
+    by unpacking the documents (:func:`~attention_zoo.packing.unpacked_attention`)."""
 
     example_configs = (
         {"nb_features": 16, "chunk_size": 8},
@@ -130,6 +131,11 @@ class PerformerAttention(KernelAttention):
             self._cache[key] = weights.to(device=device, dtype=dtype)
         return self._cache[key]
 
+    def begin_pass(self) -> None:
+        """Counts a training pass (see :meth:`attend`); the packed form calls it too."""
+        if self.training and torch._C._current_graph_task_id() == -1:
+            self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         """Counts a training pass, then attends with the current draw's features. Activation checkpointing runs
         the forward again inside the backward pass to recompute what it did not keep: that is not a training
@@ -138,8 +144,7 @@ class PerformerAttention(KernelAttention):
         when each forward's backward runs before the next training forward of the same core, as in any ordinary
         loop (gradient accumulation included); a schedule that runs several forwards of one core before their
         backwards (pipeline parallelism) with redrawing would recompute with the latest features."""
-        if self.training and torch._C._current_graph_task_id() == -1:
-            self.training_passes += 1  # this pass uses draw (passes - 1) // redraw_interval
+        self.begin_pass()
         if causal:
             return self.causal_attend(q, k, v, mask)
         # non-causal: the features exist one chunk of positions at a time, in forward and backward
