@@ -38,7 +38,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "join a compare and a bench: Pareto plot, which mechanism at which length",
     ),
     "study": ("experiments.studies.cli", "main", "the papers' claims as studies: spectrum, approx, mlm"),
-    "fit": ("tasks.cli", "run_fit", "train a task (LightningCLI; zoo fit -c configs/listops.yaml --help)"),
+    "fit": ("tasks.cli", "run_fit", "train a task: zoo fit -c recall --model.attention nystrom"),
     "validate": ("tasks.cli", "run_validate", "evaluate a checkpoint on the validation split"),
     "test": ("tasks.cli", "run_test", "evaluate a checkpoint on the test split"),
     "gpu-suite": ("experiments.gpu.suite", "main", "the GPU harness in one command, under a budget (--smoke: on CPU)"),
@@ -46,9 +46,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: ``zoo --help``'s examples: the README's tour in three lines
+EXAMPLES = (
+    "zoo list",
+    "zoo fit -c recall --model.attention linformer --model.attention_options.k 32",
+    "zoo compare --attentions full,nystrom --seeds 2",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    return dispatch(argv, COMMANDS, prog="zoo", noun="command", heading="commands")
+    return dispatch(argv, COMMANDS, prog="zoo", noun="command", heading="commands", examples=EXAMPLES)
 
 
 if __name__ == "__main__":

@@ -1,22 +1,23 @@
-"""``zoo demo``: build every registered attention (each of its example configs) on one small random
-input and print its forward time and its distance from full attention. Untrained, so the error column
-shows how far each approximation is from softmax attention *before* learning, not its task accuracy."""
+"""zoo demo: build every registered attention (each of its example configs) on one small random input and
+print its forward time and its distance from full attention. Untrained, so the error column shows how far each
+approximation is from softmax attention before learning, not its task accuracy."""
 
 from __future__ import annotations
 
-import argparse
 import time
 
-import torch
-from rich.markup import escape
-from rich.table import Table
+from experiments.subcommands import ZooArgumentParser
 
-import attention_zoo as az
-from experiments.console import console
+#: torch, attention_zoo and rich are imported only once the arguments are read: zoo demo --help stays fast
+EXAMPLES = ("zoo demo", "zoo demo --seq-len 2048 --threads 2")
 
 
 def measure(name: str, options: dict, n: int, heads: int, dim_head: int, repeats: int) -> tuple[float, float]:
     """(best forward time in ms, relative Frobenius error vs full attention) on a fixed random input."""
+    import torch
+
+    import attention_zoo as az
+
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, dim_head, generator=generator) for _ in range(3))
     torch.manual_seed(0)
@@ -35,13 +36,22 @@ def measure(name: str, options: dict, n: int, heads: int, dim_head: int, repeats
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="zoo demo", description=__doc__)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--dim-head", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = ZooArgumentParser("zoo demo", __doc__, EXAMPLES)
+    parser.add_argument("--seq-len", type=int, default=512, help="sequence length n of the input (default 512)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads H (default 4)")
+    parser.add_argument("--dim-head", type=int, default=32, help="head width D (default 32)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed forwards per config; the fastest is shown (default 5)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable timings)")
     args = parser.parse_args(argv)
+    import torch
+    from rich.markup import escape
+    from rich.table import Table
+
+    import attention_zoo as az
+    from experiments.console import console
+
     torch.set_num_threads(args.threads)
     table = Table(
         title=f"every attention on B=1, H={args.heads}, N={args.seq_len}, D={args.dim_head}, "

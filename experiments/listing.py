@@ -1,25 +1,24 @@
-"""``zoo list``: every registered mechanism, its capabilities, options (with defaults) and caveats.
+"""zoo list: every registered attention mechanism, one line each; --long for every capability, each option's
+type and default, and the caveats.
 
-``decoding`` says how step-by-step causal decoding runs: ``cache`` (the core keeps its own state),
-``recompute`` (the fallback: the causal forward over the whole prefix at every step) or ``-`` (not causal;
-a decoder uses the core named in the causal column instead, where there is one). ``grad²``: second-order
-gradients (a backward with create_graph=True: gradient penalty, Hessian-vector product) are exact (``yes``)
-or refused with one error naming the core (``no``). ``approximation``: what the core computes in place of
-softmax over every key (:data:`attention_zoo.core.APPROXIMATIONS`): ``none`` is full attention; ``fixed
-sparsity`` and ``content-selected sparsity`` are exact softmax over the keys of a fixed pattern or of the core's
-own selection, not equality with full attention. ``packed``: the core takes packed rows (``segments``: several
-documents per row, :mod:`attention_zoo.packing`), or the reason it refuses them."""
+Columns. approximation: what the core computes in place of softmax over every key (none is full attention;
+fixed sparsity and content-selected sparsity are exact softmax over the keys of a fixed pattern or of the
+core's own selection, not equality with full attention). causal: whether the core takes causal=True. packed:
+whether it takes packed rows (segments: several documents per row; --long gives the reason of a no). decoding:
+how step-by-step causal decoding runs: cache (the core keeps its own state), recompute (the causal forward over
+the whole prefix at every step), "via <core>" (not causal: a decoder uses that core instead) or - (none).
+options: the names a spec sets (linformer:k=64). With --long also: mask, cross-attention, shared query/key,
+whether max_seq_len is required, and grad² (second-order gradients, a backward with create_graph=True: exact,
+yes, or refused with one error naming the core, no)."""
 
 from __future__ import annotations
 
-import argparse
+from typing import TYPE_CHECKING
 
-from rich.markup import escape
-from rich.table import Table
+from experiments.subcommands import ZooArgumentParser
 
-import attention_zoo as az
-from attention_zoo.registry import attention_options
-from experiments.console import console
+if TYPE_CHECKING:
+    from rich.table import Table
 
 CAPABILITIES = (
     "supports_causal",
@@ -30,15 +29,21 @@ CAPABILITIES = (
     "supports_double_backward",
     "supports_segments",
 )
+#: spaces between two columns of the compact table
+COLUMN_GAP = 2
+EXAMPLES = ("zoo list", "zoo list --long        # every capability, option types and defaults, caveats")
 
 
 def rows() -> list[dict[str, str]]:
+    """One row per registered mechanism, every column of the long table as text (``-`` where there is none)."""
+    import attention_zoo as az
+    from attention_zoo.registry import attention_options
+
     out = []
     for name in az.list_attentions():
         cls = az.get_attention_class(name)
-        options = ", ".join(
-            f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in attention_options(cls)
-        )
+        specs = attention_options(cls)
+        options = ", ".join(f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in specs)
         caps = {c: ("yes" if getattr(cls, c) else "no") for c in CAPABILITIES}
         if cls.supports_causal:
             caps["supports_causal"] = "yes"
@@ -54,15 +59,47 @@ def rows() -> list[dict[str, str]]:
                 **caps,
                 "decoding": decoding,
                 "options": options or "-",
+                "option_names": ", ".join(s.name + ("" if not s.required else " (required)") for s in specs) or "-",
                 "notes": cls.notes or "-",
+                "counterpart": cls.causal_counterpart or "",
             }
         )
     return out
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="zoo list", description=__doc__)
-    parser.parse_args(argv)
+def compact_table(rows: list[dict[str, str]], width: int) -> Table:
+    """One line per mechanism, at most ``width`` characters: name, approximation, causal, packed, decoding (of a
+    non-causal core: the core its decoders use) and the option names. Where the width runs out, cells are cut with
+    an ellipsis: the options down to 40 characters first, then the approximation to 14, the options to 16, the
+    decoding to 9 and the options to 8; name, causal and packed are never cut."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    cells = []
+    for row in rows:
+        decoding = f"via {row['counterpart']}" if row["decoding"] == "-" and row["counterpart"] else row["decoding"]
+        causal, packed = (row[c].split(" ", 1)[0] for c in ("supports_causal", "supports_segments"))
+        cells.append((row["name"], row["approximation"], causal, packed, decoding, row["option_names"]))
+    headers = ("name", "approximation", "causal", "packed", "decoding", "options")
+    widths = dict(zip(headers, (max(map(len, column)) for column in zip(headers, *cells, strict=True)), strict=True))
+    excess = sum(widths.values()) + COLUMN_GAP * (len(headers) - 1) - width
+    for header, floor in (("options", 40), ("approximation", 14), ("options", 16), ("decoding", 9), ("options", 8)):
+        cut = max(0, min(excess, widths[header] - floor))
+        widths[header] -= cut
+        excess -= cut
+    table = Table(box=None, pad_edge=False, padding=(0, COLUMN_GAP // 2), header_style="bold")
+    for header in headers:
+        table.add_column(header, no_wrap=True, overflow="ellipsis", max_width=widths[header])
+    for row_cells in cells:
+        table.add_row(*map(escape, row_cells))
+    return table
+
+
+def long_table(rows: list[dict[str, str]]) -> Table:
+    """Every capability, each option's type and default, and the notes (cells folded over several lines)."""
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title="registered attention mechanisms", show_lines=True)
     headers = [
         "name", "approximation", "causal", "mask", "cross", "shared qk", "needs max_seq_len", "grad²", "packed",
@@ -71,7 +108,7 @@ def main(argv: list[str]) -> int:
     ]  # fmt: skip
     for header in headers:
         table.add_column(header, overflow="fold")
-    for row in rows():
+    for row in rows:
         table.add_row(
             row["name"],
             row["approximation"],
@@ -80,5 +117,17 @@ def main(argv: list[str]) -> int:
             escape(row["options"]),
             escape(row["notes"]),
         )
-    console().print(table)
+    return table
+
+
+def main(argv: list[str]) -> int:
+    parser = ZooArgumentParser("zoo list", __doc__.split("\n\n", 1)[1], EXAMPLES)
+    parser.add_argument(
+        "--long", action="store_true", help="every capability, option types and defaults, and the notes"
+    )
+    args = parser.parse_args(argv)
+    from experiments.console import console
+
+    out = console()
+    out.print(long_table(rows()) if args.long else compact_table(rows(), out.width))
     return 0

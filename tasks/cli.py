@@ -36,6 +36,12 @@ ones, a value of the wrong type with the types allowed, a value outside a fixed 
 instead of jsonargparse's usage and nested message;
 a bare ``--verbose`` (``--verbose true|false`` stays Lightning's option of validate and test) or
 ``ZOO_VERBOSE=1`` prints that full message before the line.
+
+A config is named by its path or, from any folder, by the name of a config installed with the package
+(:func:`resolve_config_flags`): ``-c recall`` and ``-c configs/recall.yaml`` both read the packaged
+``configs/recall.yaml`` where no such file exists in the working folder, and a file there always wins. Flags are
+the config's keys (``--trainer.max_steps``); the dashed spelling (``--trainer.max-steps``) is read as the same key
+(:func:`underscored_flags`).
 """
 
 from __future__ import annotations
@@ -55,10 +61,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from lightning.pytorch import LightningDataModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from experiments.config_paths import ConfigNotFoundError, resolve_config
+from experiments.subcommands import jsonargparse_formatter, plain
 from tasks import classification, data, retrieval, token_prediction, translation  # noqa: F401  (short names)
 from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatches
 from tasks.callbacks import SaveConfigToRun
@@ -77,13 +86,44 @@ MAX_SEED = 2**32 - 1
 #: ``zoo fit | validate | test --verbose`` (bare; ``--verbose true|false`` is Lightning's own option of validate
 #: and test) or ``ZOO_VERBOSE=1``: print the parser's full message before the one error line
 VERBOSE_FLAG, VERBOSE_ENV = "--verbose", "ZOO_VERBOSE"
+#: LightningCLI's config flags, whose value is a file or the name of a packaged config (:func:`resolve_config_flags`)
+CONFIG_FLAGS = ("-c", "--config")
+#: the help of ``zoo fit | validate | test``: what the command does, and examples (kept line for line)
+SUBCOMMAND_HELP = {
+    "fit": """zoo fit: train a task with one attention mechanism (LightningCLI over tasks/). -c names a config file, or
+a packaged config by name from any folder (recall, listops, configs/recall.yaml); flags override its keys.
+
+  zoo fit -c recall --model.attention nystrom
+  zoo fit -c listops --model.attention linformer --model.attention_options.k 32 --trainer.max_steps 200
+  zoo fit -c recall --ckpt_path last        # resume the newest run of that mechanism
+  zoo fit -c recall --print_config          # the resolved config""",
+    "validate": """zoo validate: evaluate a checkpoint on the validation split of its config's data. -c names a config
+file, or a packaged config by name; the checkpoint's attention must be the model's (--model.attention).
+
+  zoo validate -c recall --ckpt_path last
+  zoo validate -c recall --model.attention nystrom --ckpt_path runs/recall/nystrom/version_0/checkpoints/last.ckpt""",
+    "test": """zoo test: evaluate a checkpoint on the test split of its config's data. -c names a config file, or a
+packaged config by name; the checkpoint's attention must be the model's (--model.attention).
+
+  zoo test -c recall --ckpt_path last
+  zoo test -c listops --model.attention local --ckpt_path runs/listops/local/version_0/checkpoints/last.ckpt""",
+}
+#: the titles of the model's and the data's options in that help (their classes' first docstring line is cut)
+GROUP_TITLES = {
+    "model": "The task and its model: --model.attention NAME, --model.attention_options.KEY VALUE, --model.dim, ...",
+    "data": "The data: its module's options (--data.batch_size, --data.seq_len, ...; which ones: the config's data)",
+}
 
 
 class ZooCLI(LightningCLI):
     def __init__(self, args: list[str], *, run: bool = True, exit_on_error: bool = True) -> None:
         """``exit_on_error=False``: a bad argument raises jsonargparse's ``ArgumentError`` (``zoo fit`` turns it
         into one line) instead of printing the usage and the parser's message and exiting."""
-        kwargs = {"exit_on_error": False} | {name: {"exit_on_error": False} for name in ("fit", "validate", "test")}
+        errors = {} if exit_on_error else {"exit_on_error": False}
+        formatter = jsonargparse_formatter()
+        # a subcommand's parser takes the main parser's formatter (jsonargparse)
+        kwargs = errors | {"formatter_class": formatter}
+        kwargs |= {name: {"description": plain(text)} | errors for name, text in SUBCOMMAND_HELP.items()}
         super().__init__(
             ZooTask,
             LightningDataModule,
@@ -94,14 +134,22 @@ class ZooCLI(LightningCLI):
             auto_configure_optimizers=False,  # each task owns its optimizer and schedule
             args=args,
             run=run,
-            parser_kwargs=None if exit_on_error else kwargs,
+            parser_kwargs=kwargs,
         )
+
+    def setup_parser(self, *args: Any, **kwargs: Any) -> None:
+        super().setup_parser(*args, **kwargs)
+        for name, parser in getattr(self, "_subcommand_parsers", {}).items():
+            parser.prog = f"zoo {name}"  # jsonargparse's would be "zoo [options] fit"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # which task runs is known only after parsing, and parsing needs the links (a linked argument is not
         # required): every size is linked here, and before_instantiate_classes keeps the task's own
         for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        for group, title in GROUP_TITLES.items():
+            if group in parser.groups:
+                parser.groups[group].title = title
 
     def instantiate_classes(self) -> None:
         try:
@@ -388,25 +436,31 @@ def build(argv: list[str], *, exit_on_error: bool = True) -> tuple[ZooTask, Ligh
     ``ArgumentError`` that :func:`parser_error_line` shortens) for a configuration ``zoo fit`` would refuse."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = ZooCLI([*argv, "--trainer.logger=false"], run=False, exit_on_error=exit_on_error)
+        cli = ZooCLI(
+            [*resolve_config_flags(underscored_flags(argv)), "--trainer.logger=false"],
+            run=False,
+            exit_on_error=exit_on_error,
+        )
     return cli.model, cli.datamodule
 
 
 def run(subcommand: str, argv: list[str]) -> int:
     argv, verbose = take_verbose(argv)
+    read = underscored_flags(argv)
     try:
         with warnings.catch_warnings():
             # argv always comes explicitly (from `zoo` or from tests); Lightning warns when sys.argv has args too
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            ZooCLI([subcommand, *argv], exit_on_error=False)
+            ZooCLI([subcommand, *resolve_config_flags(read)], exit_on_error=False)
     except (ConfigError, DataError) as error:  # DataError: raised while the data is read, inside the Trainer
         print(f"zoo {subcommand}: error: {error}", file=sys.stderr)
         return 2
     except ArgumentError as error:  # jsonargparse: a bad flag or config value, before anything was built
+        message = as_given(str(error), argv, read)
         if verbose:
-            print(str(error), file=sys.stderr)
+            print(message, file=sys.stderr)
         more = "" if verbose else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
-        print(f"zoo {subcommand}: error: {parser_error_line(str(error))}{more}", file=sys.stderr)
+        print(f"zoo {subcommand}: error: {parser_error_line(message)}{more}", file=sys.stderr)
         return 2
     finally:
         _close_process_group()
@@ -418,6 +472,56 @@ def _close_process_group() -> None:
     Gloo's threads can abort a finished run's process ("terminate called without an active exception", SIGABRT)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def resolve_config_flags(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every ``-c`` / ``--config`` (``--config=VALUE`` too) resolved by
+    :func:`experiments.config_paths.resolve_config`: a file here as given, else the packaged config of that name.
+    An inline config (``--config '{trainer: {max_steps: 5}}'``: YAML of a mapping, which LightningCLI also reads)
+    passes as it is. A value that names no config raises :class:`ConfigError` (one line, the closest names)."""
+    out = list(argv)
+    for i, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if equals and flag in CONFIG_FLAGS:
+            out[i] = f"{flag}={_config_path(flag, value)}"
+        elif arg in CONFIG_FLAGS and i + 1 < len(argv):
+            out[i + 1] = _config_path(arg, argv[i + 1])
+    return out
+
+
+def _config_path(flag: str, value: str) -> str:
+    try:
+        inline = isinstance(yaml.safe_load(value), dict)
+    except yaml.YAMLError:
+        inline = False
+    if inline:
+        return value
+    try:
+        return resolve_config(value)
+    except ConfigNotFoundError as error:
+        raise ConfigError(f"{flag} {value}: {error}") from None
+
+
+def underscored_flags(argv: list[str]) -> list[str]:
+    """``argv`` with the dashes of every ``--flag`` name (before any ``=``) read as underscores:
+    ``--trainer.max-steps 5`` is ``--trainer.max_steps 5``. Every name LightningCLI reads is a Python name or a
+    config key, so no flag has a dash of its own; values are left alone."""
+    out = []
+    for arg in argv:
+        flag, equals, value = arg.partition("=")
+        if arg.startswith("--") and len(flag) > 2 and "-" in flag[2:]:
+            arg = "--" + flag[2:].replace("-", "_") + equals + value
+        out.append(arg)
+    return out
+
+
+def as_given(message: str, given: list[str], read: list[str]) -> str:
+    """A parser ``message`` with each flag named as the user spelled it in ``given`` (``--no-such-flag``), not as
+    :func:`underscored_flags` made it for the parser (``read``)."""
+    for ours, theirs in zip(read, given, strict=True):
+        if ours != theirs:
+            message = message.replace(ours.partition("=")[0], theirs.partition("=")[0])
+    return message
 
 
 def take_verbose(argv: list[str]) -> tuple[list[str], bool]:

@@ -45,8 +45,10 @@ from experiments.bench import paired_targets, tables, targets
 from experiments.bench.cases import BenchConfig, Case, SweepEntry, expand, invalid_entries, load_config
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner
-from experiments.bench.store import HalfWrittenLine, ResultStore
+from experiments.bench.store import HalfWrittenLine, ResultStore, selected_rows
+from experiments.config_paths import ConfigNotFoundError, resolve_config
 from experiments.console import console
+from experiments.subcommands import ZooArgumentParser
 
 #: the sweep settings that ``--check-targets`` honours; every other one would change what a target is measured at
 TARGET_SETTINGS = {"attentions", "threads", "repeats", "warmup", "rounds", "case_timeout_s", "isolation",
@@ -63,16 +65,39 @@ def _comma_list(item: type) -> Any:
     return parse
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="zoo bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--config", help="YAML sweep file (keys: the flags below, with underscores)")
+TARGETS_DOC = """zoo targets: the project's CPU performance targets, measured and judged (the same command as zoo bench
+--check-targets): each mechanism's speedup over full attention at n = 4096 and its scaling from n = 2048 to 8192,
+at the fixed shapes the targets are defined at (the attention core, forward+backward, float32, CPU, one thread,
+B=1 H=8 D=64). Only the settings below apply; a rerun with the same --out resumes.
+
+  zoo targets
+  zoo targets --attentions linear,performer --rounds 3 --paired-rounds 8 --out runs/targets
+"""
+
+
+def config_file(value: str) -> str:
+    """``--config``: a sweep file here, or a packaged one by name (``bench/decoding``,
+    :func:`experiments.config_paths.resolve_config`)."""
+    try:
+        return resolve_config(value)
+    except ConfigNotFoundError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser(prog: str = "zoo bench", *, targets_only: bool = False) -> ZooArgumentParser:
+    """``zoo bench``'s parser, or with ``targets_only`` ``zoo targets``'s: its own help, which lists only the
+    settings a target honours (:data:`TARGET_SETTINGS`); the other sweep flags stay accepted, unlisted, so that a
+    sweep setting is refused with the reason (:func:`plan`), not as an unknown flag."""
+    parser = ZooArgumentParser(prog, TARGETS_DOC if targets_only else __doc__)
+    hidden = argparse.SUPPRESS
+    config_help = "YAML sweep file, or a packaged one by name: bench/decoding (keys: the flags below, underscores)"
+    parser.add_argument("--config", type=config_file, help=hidden if targets_only else config_help)
     hints = typing.get_type_hints(BenchConfig)
     for spec in dataclasses.fields(BenchConfig):
         flags = ["--" + spec.name.replace("_", "-")] + ([ALIASES[spec.name]] if spec.name in ALIASES else [])
         hint, text = hints[spec.name], spec.metadata["help"]
-        options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text}
+        shown = not targets_only or spec.name in TARGET_SETTINGS
+        options: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text if shown else hidden}
         if spec.name == "attentions":
             options["type"] = str
         elif hint is bool:
@@ -82,23 +107,25 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             options["type"] = next(t for t in (int, float, str) if t in (hint, *typing.get_args(hint)))
         parser.add_argument(*flags, dest=spec.name, **options)
-    parser.add_argument(
-        "--out", help="results directory, reused = resumed (default runs/bench; runs/targets with --check-targets)"
-    )
+    default_out = "runs/targets" if targets_only else "runs/bench; runs/targets with --check-targets"
+    parser.add_argument("--out", help=f"results directory, reused = resumed (default {default_out})")
     parser.add_argument("--retry-failed", action="store_true", help="rerun cases whose status is not ok")
     parser.add_argument("--report-only", action="store_true", help="only redraw tables and plots from --out")
-    parser.add_argument(
-        "--check-targets",
-        action="store_true",
-        help="run the performance-target cases (of the --attentions named, default all) and print them",
-    )
+    if targets_only:
+        parser.set_defaults(check_targets=True, segments=None)
+    else:
+        parser.add_argument(
+            "--check-targets",
+            action="store_true",
+            help="run the performance-target cases (of the --attentions named, default all) and print them",
+        )
+    paired = "after the sweep" if targets_only else "with --check-targets: after the sweep"
     parser.add_argument(
         "--paired-rounds",
         type=int,
         default=0,
-        help="with --check-targets: after the sweep, time every speedup and scaling target interleaved with its "
-        "baseline for this many rounds and judge it on its 95%% interval (experiments/bench/paired_targets.py; "
-        "default 0: not run)",
+        help=f"{paired}, time every speedup and scaling target interleaved with its baseline for this many rounds "
+        "and judge it on its 95%% interval (experiments/bench/paired_targets.py; default 0: not run)",
     )
     parser.add_argument(
         "--paired-blocks", type=int, default=4, help="runs of rounds the paired intervals are over (default 4)"
@@ -113,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ray-address", help="ray: auto, ray://host:port or host:port (default: a local Ray)")
     parser.add_argument("--run-cpus", type=float, help="ray: CPUs reserved per case (default 1)")
-    parser.add_argument(
-        "--segments",
-        type=int,
-        help="time each mechanism on rows of this many packed documents against the same documents padded one per "
-        "row, interleaved in one process (experiments/bench/packed.py; default: not run)",
-    )
+    if not targets_only:
+        parser.add_argument(
+            "--segments",
+            type=int,
+            help="time each mechanism on rows of this many packed documents against the same documents padded one "
+            "per row, interleaved in one process (experiments/bench/packed.py; default: not run)",
+        )
     return parser
 
 
@@ -159,7 +187,7 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
     config = load_config(args.config, overrides)
     names = None
     if args.check_targets:
-        given = set(overrides) | (set(yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else set())
+        given = named_settings(args, overrides)
         fixed = [name for name in dataclasses.fields(BenchConfig) if name.name in given - TARGET_SETTINGS]
         if fixed:
             flags = ", ".join("--" + spec.name.replace("_", "-") for spec in fixed)
@@ -192,8 +220,17 @@ def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConf
     return config, cases, names
 
 
+def named_settings(args: argparse.Namespace, overrides: dict[str, Any]) -> set[str]:
+    """The sweep settings set on the command line (``overrides``) or in the ``--config`` file."""
+    return set(overrides) | (set(yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else set())
+
+
 def main(argv: list[str], prog: str = "zoo bench") -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser(prog).parse_args(argv), prog)
+
+
+def run(args: argparse.Namespace, prog: str) -> int:
+    """Run a parsed ``zoo bench`` or ``zoo targets`` (``prog``) command line."""
     args.out, args.prog = Path(args.out or ("runs/targets" if args.check_targets else "runs/bench")), prog
     show = warnings.showwarning
 
@@ -269,9 +306,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{args.prog}: error: {error}", file=sys.stderr)
         return 2
     if args.launcher == "ray" and not args.report_only:
-        ray_runs.run_bench(
-            config, store, device, cases, retry_failed=args.retry_failed, run_cpus=args.run_cpus or 1
-        )
+        ray_runs.run_bench(config, store, device, cases, retry_failed=args.retry_failed, run_cpus=args.run_cpus or 1)
     elif not args.report_only:
         Runner(config, store, device).run(cases, retry_failed=args.retry_failed)
     paths = write_outputs(store)
@@ -287,8 +322,15 @@ def _main(args: argparse.Namespace) -> int:
         elif paired_rows:
             out.print(paired_targets.table(paired_rows, chosen, allocator))
     else:
-        keys = {c.key() for c in cases}
-        swept = [row for key, row in results.items() if key in keys]
+        if args.report_only:  # what --out holds, not the cases a sweep of these settings would run
+            swept = selected_rows(list(results.values()), config, named_settings(args, overrides))
+            others = sorted({tables.label(r) for r in results.values() if not tables.is_baseline(r)})
+            if others and all(tables.is_baseline(r) for r in swept):
+                print(f"{args.prog}: note: the settings named select no stored case but full's; {args.out} holds "
+                      f"{', '.join(others)}", file=sys.stderr)  # fmt: skip
+        else:
+            keys = {c.key() for c in cases}
+            swept = [row for key, row in results.items() if key in keys]
         out.print(Markdown(tables.nystromformer_table(swept)))
         out.print(Markdown("**Crossover**\n\n" + tables.crossover_table(swept)))
         decoding = tables.decoding_table(swept)
@@ -302,5 +344,6 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def targets_main(argv: list[str]) -> int:
-    """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``: ``zoo bench --check-targets``."""
-    return main(["--check-targets", *argv], prog="zoo targets")
+    """``zoo targets [--attentions a,b] [--repeats R] [--threads T] [--out DIR]``: ``zoo bench --check-targets``
+    with a parser and help of its own."""
+    return run(build_parser("zoo targets", targets_only=True).parse_args(argv), "zoo targets")

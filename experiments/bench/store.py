@@ -25,10 +25,16 @@ from typing import Any
 import torch
 
 import attention_zoo
-from experiments.bench.cases import Case
+from experiments.bench.cases import BenchConfig, Case
+from experiments.bench.tables import is_baseline
 from experiments.records import checked_json_lines, lacking
 
 CASE_FIELDS = tuple(f.name for f in dataclasses.fields(Case))
+#: the case field each sweep setting sets, by which a setting named with ``--report-only`` selects stored rows
+SELECTING_SETTINGS = {"seq_lens": "seq_len", "batch": "batch", "heads": "heads", "dim_head": "dim_head",
+                      "levels": "level", "modes": "mode", "dtypes": "dtype", "threads": "threads", "device": "device",
+                      "causal": "causal", "dim": "dim", "depth": "depth", "ff_mult": "ff_mult",
+                      "vocab_size": "vocab_size"}  # fmt: skip
 
 
 class HalfWrittenLine(UserWarning):
@@ -99,6 +105,37 @@ class ResultStore:
             os.fsync(handle.fileno())
         os.replace(temporary, path)
         return path
+
+
+def selected_rows(rows: list[dict[str, Any]], config: BenchConfig, named: set[str]) -> list[dict[str, Any]]:
+    """The stored ``rows`` that the sweep settings in ``named`` (those set on the command line or in the
+    ``--config`` file) select; all of them when none is named.
+
+    ``attentions`` selects each mechanism named with at least the options given (``linformer``: every Linformer
+    stored; ``linformer:k=64``: those with k = 64) and keeps full attention, the baseline of every ratio. Each
+    setting of a case (:data:`SELECTING_SETTINGS`) selects the rows with one of its values (``seq_lens`` by n;
+    ``device: auto`` names no device). Settings of how to measure (repeats, rounds, ...) select nothing.
+    """
+    wanted = {}
+    for setting in sorted(named & set(SELECTING_SETTINGS)):
+        value = getattr(config, setting)
+        if setting != "device" or value != "auto":
+            wanted[SELECTING_SETTINGS[setting]] = value if isinstance(value, list) else [value]
+    # the options as a row stores them (JSON: a tuple comes back a list)
+    specs = [(e.spec.name, json.loads(json.dumps(e.spec.options))) for e in config.attentions]
+
+    def mechanism_named(row: dict[str, Any]) -> bool:
+        return is_baseline(row) or any(
+            row["attention"] == name and all(row["options"].get(k, object()) == v for k, v in options.items())
+            for name, options in specs
+        )
+
+    return [
+        row
+        for row in rows
+        if all(row[field] in values for field, values in wanted.items())
+        and ("attentions" not in named or mechanism_named(row))
+    ]
 
 
 def _flat(row: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ softmax attention (``approx_methods``), for
   (window), MoBA (top-k blocks): every method of ``approx_methods.METHODS`` whose core is registered;
 - every other registered core at its defaults (one point per n).
 
-Inputs: (a) ``gaussian``: q, k, v with i.i.d. N(0, 1) entries (d = ``--dim_head``), ``--samples`` draws per n
+Inputs: (a) ``gaussian``: q, k, v with i.i.d. N(0, 1) entries (d = ``--dim-head``), ``--samples`` draws per n
 in ``--lengths``; (b) ``trained``: the q, k, v each layer's core received on ``--sequences`` validation
 sequences of a trained MLM model (``--trained``: full-attention checkpoints, n = their max_seq_len), every
 layer and head; Linformer's learned E, F (``--learned``) are measured on their own model's q, k, v (with the
@@ -53,7 +53,7 @@ from experiments.studies.approx_methods import (
     methods,
 )
 from experiments.studies.approx_plots import plot
-from experiments.studies.cli import add_output_options, run_study
+from experiments.studies.cli import add_output_options, run_study, study_parser
 from experiments.studies.common import (
     RowLog,
     TrainedRun,
@@ -137,7 +137,7 @@ def gaussian_units(lengths: list[int], samples: int, dim_head: int, seed: int, c
         if key in seen:
             raise ValueError(
                 f"learned projections {seen[key]} and {bank.label} are both {key[0]} with k={key[1]} at n={key[2]}; "
-                "their Gaussian rows would collide: use one seed per variant (--run_seed)"
+                "their Gaussian rows would collide: use one seed per variant (--run-seed)"
             )
         seen[key] = bank.label
     units = []
@@ -250,16 +250,23 @@ def find_runs(folder: Path, seed: int) -> tuple[list[Path], list[Path]]:
     return full, linformer
 
 
+#: zoo study approx --help's examples
+EXAMPLES = (
+    "zoo study approx --inputs '[gaussian]' --lengths '[256, 512]' --samples 2 --out runs/studies/approx-quick",
+    "zoo study approx --runs runs/linformer_paper --out results/approximation",
+)
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo study approx", description=__doc__.split("\n\n")[0])
+    parser = study_parser("zoo study approx", __doc__, EXAMPLES)
     parser.add_argument("--lengths", type=list[int], default=DEFAULT_LENGTHS, help="n of the Gaussian inputs")
     parser.add_argument("--samples", type=int, default=4, help="Gaussian draws per n")
-    parser.add_argument("--dim_head", type=int, default=64, help="d of the Gaussian inputs")
+    parser.add_argument("--dim-head", type=int, default=64, help="d of the Gaussian inputs")
     parser.add_argument("--methods", type=list[str] | None, default=None, help="only these methods or attentions")
     parser.add_argument("--trained", type=list[str], default=[], help="full-attention checkpoints: inputs (b)")
     parser.add_argument("--learned", type=list[str], default=[], help="linformer checkpoints: learned E, F")
     parser.add_argument("--runs", type=str | None, default=None, help="find --trained and --learned in this folder")
-    parser.add_argument("--run_seed", type=int, default=0, help="with --runs: the seed-<s> runs to use")
+    parser.add_argument("--run-seed", type=int, default=0, help="with --runs: the seed-<s> runs to use")
     parser.add_argument("--sequences", type=int, default=2, help="validation sequences per trained model")
     parser.add_argument("--inputs", type=list[str], default=["gaussian", "trained"], help="gaussian and/or trained")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Gaussian draws and random projections")

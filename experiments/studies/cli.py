@@ -12,12 +12,13 @@ Every study takes ``--out`` and ``--replot`` (:func:`add_output_options`) and ru
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from experiments.console import console
-from experiments.subcommands import dispatch
+from experiments.subcommands import OneLineErrors, dispatch, examples_epilog, jsonargparse_formatter, plain
 
 if TYPE_CHECKING:
     from jsonargparse import ArgumentParser, Namespace
@@ -39,8 +40,36 @@ STUDIES: dict[str, tuple[str, str, str]] = {
 }
 
 
+EXAMPLES = (
+    "zoo study approx --inputs '[gaussian]' --lengths '[256, 512]'",
+    "zoo study mlm --replot results/linformer_paper/mlm",
+)
+
+
 def main(argv: list[str]) -> int:
-    return dispatch(argv, STUDIES, prog="zoo study", noun="study", heading="studies", placeholder="name")
+    return dispatch(
+        argv, STUDIES, prog="zoo study", noun="study", heading="studies", placeholder="name", examples=EXAMPLES
+    )
+
+
+@cache
+def _parser_class() -> type[ArgumentParser]:
+    """jsonargparse's parser with :class:`OneLineErrors` and plain help (imported on first use: ``zoo study
+    --help`` lists the studies without it)."""
+    from jsonargparse import ArgumentParser
+
+    class Parser(OneLineErrors, ArgumentParser):
+        def __init__(self, *args: object, **options: object) -> None:
+            super().__init__(*args, formatter_class=jsonargparse_formatter(), **options)
+
+    return Parser
+
+
+def study_parser(prog: str, doc: str, examples: Sequence[str]) -> ArgumentParser:
+    """A study's parser: its help is the first paragraph of ``doc`` (the study's docstring), plain, and the
+    ``examples``; a usage error is one line, an unknown flag named with the closest one, and a flag's underscore
+    spelling (``--dim_head``) is read as its dashed one (``--dim-head``) with a note."""
+    return _parser_class()(prog=prog, description=plain(doc.split("\n\n")[0]), epilog=examples_epilog(examples))
 
 
 def add_output_options(

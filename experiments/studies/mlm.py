@@ -7,7 +7,7 @@ the same as n grows (Fig. 3 d). The runs are the ``zoo compare`` experiments of 
 ``configs/studies/linformer_mlm/`` (one ``zoo fit`` per mechanism and seed, resumable); this command only
 collects them, whatever is finished so far, and says which runs and seeds exist.
 
-    zoo study mlm --runs_dir runs/linformer_paper --out results/linformer_paper/mlm
+    zoo study mlm --runs-dir runs/linformer_paper --out results/linformer_paper/mlm
     zoo study mlm --replot results/linformer_paper/mlm     # table and figure from the committed CSVs
 
 What is judged: an experiment whose config says ``test: true`` is scored by each run's final test perplexity
@@ -47,7 +47,7 @@ from experiments.compare.command import plan
 from experiments.compare.runs import read_record
 from experiments.compare.summary import CONTROL
 from experiments.stats import RULE, default_margin, metric_bounds, paired_difference, summarize
-from experiments.studies.cli import add_output_options, run_study
+from experiments.studies.cli import add_output_options, run_study, study_parser
 from experiments.studies.common import UnreadableRecord, read_csv, read_json, repo_path, write_csv
 from experiments.studies.mlm_plots import OLD_VAL, TEST, plot
 
@@ -316,11 +316,18 @@ def markdown(table: list[dict], runs: list[dict], texts: list[dict] | None = Non
     return "\n".join(lines) + "\n"
 
 
+#: zoo study mlm --help's examples
+EXAMPLES = (
+    "zoo study mlm --runs-dir runs/linformer_paper --out results/linformer_paper/mlm",
+    "zoo study mlm --replot results/linformer_paper/mlm     # the table and figure from the committed CSVs",
+)
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo study mlm", description=__doc__.split("\n\n")[0])
+    parser = study_parser("zoo study mlm", __doc__, EXAMPLES)
     parser.add_argument("--configs", type=str, default=str(CONFIGS), help="folder of the study's zoo compare configs")
     parser.add_argument(
-        "--runs_dir", type=str | None, default=None, help="where the experiments ran (default: each config's runs_dir)"
+        "--runs-dir", type=str | None, default=None, help="where the experiments ran (default: each config's runs_dir)"
     )
     replot = "rewrite the table and redraw the figure of this folder's CSVs"
     return add_output_options(parser, out="runs/studies/mlm", replot=replot)

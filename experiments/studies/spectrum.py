@@ -36,7 +36,7 @@ from torch import Tensor
 
 from attention_zoo import MultiHeadAttention
 from attention_zoo.full import FullAttention
-from experiments.studies.cli import add_output_options, run_study
+from experiments.studies.cli import add_output_options, run_study, study_parser
 from experiments.studies.common import (
     TrainedRun,
     UnreadableRecord,
@@ -232,15 +232,22 @@ def plot(directory: Path, k: int) -> list[Path]:
     return written
 
 
+#: zoo study spectrum --help's examples
+EXAMPLES = (
+    "zoo study spectrum --checkpoint runs/linformer_paper/mlm-n512/full/seed-0/checkpoints/last.ckpt --out DIR",
+    "zoo study spectrum --replot results/linformer_paper/spectrum-n512 --k 64",
+)
+
+
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo study spectrum", description=__doc__.split("\n\n")[0])
+    parser = study_parser("zoo study spectrum", __doc__, EXAMPLES)
     parser.add_argument("--checkpoint", type=str | None, default=None, help="a full-attention run's last.ckpt")
     parser.add_argument("--config", type=str | None, default=None, help="its config.yaml (default: next to the run)")
     parser.add_argument("--sequences", type=int, default=64, help="validation sequences (paper: 10k sentences)")
     parser.add_argument(
         "--k", type=int | None, default=None, help="index of the heatmap (default 128, the paper's for n = 512)"
     )
-    parser.add_argument("--control_seed", type=int, default=0, help="seed of the randomly initialised control")
+    parser.add_argument("--control-seed", type=int, default=0, help="seed of the randomly initialised control")
     return add_output_options(parser, out="runs/studies/spectrum")
 
 

@@ -12,7 +12,7 @@ from experiments import cli, listing
 
 
 def test_zoo_list_shows_every_mechanism_with_options(capsys):
-    assert cli.main(["list"]) == 0
+    assert cli.main(["list", "--long"]) == 0
     text = capsys.readouterr().out
     assert "full" in text and "backend" in text
     assert "list[int]" in text  # option types are shown verbatim ("[int]" is not eaten as rich markup)
@@ -24,7 +24,7 @@ def test_zoo_list_says_which_cores_support_double_backward(capsys):
     for name in az.list_attentions():
         claimed = az.get_attention_class(name).supports_double_backward
         assert rows[name]["supports_double_backward"] == ("yes" if claimed else "no")
-    assert cli.main(["list"]) == 0
+    assert cli.main(["list", "--long"]) == 0
     assert "grad²" in capsys.readouterr().out
 
 
