@@ -10,28 +10,23 @@ to each self-attention layer (as the layer's submodule ``zoo_core``, so its para
 ``state_dict()``) and switches the model to that implementation. The registered function runs the core attached
 to the layer that calls it.
 
-Cross-attention (an encoder-decoder's decoder attending to the encoder: BART's ``encoder_attn``, T5's
-``EncDecAttention``, BERT's ``crossattention``, any ``*CrossAttention`` class or layer with ``is_cross_attention``)
-keeps the model's own implementation by default: transformers' ``sdpa``, or its ``eager`` where the model ran
-eager, so its outputs are the unswapped model's. ``cross_attention=name`` puts a zoo core there instead; it must
-support cross-attention with position-free queries (generation attends one new query at a time to the cached
-encoder keys), else it is refused naming the cores that do.
+Cross-attention (BART's ``encoder_attn``, T5's ``EncDecAttention``, BERT's ``crossattention``, any
+``*CrossAttention`` or layer with ``is_cross_attention``) keeps the model's own implementation (``sdpa``, or
+``eager`` where the model ran eager) unless ``cross_attention=name`` puts a zoo core there, which must support
+cross-attention with position-free queries (generation attends one new query at a time to the cached keys).
 
 The core gets transformers' own keys and values (after its KV cache; grouped K/V heads expanded as its sdpa
 path does), the layer's scale folded into the queries, and the padding mask and causal flag split out of the
-4-D mask, or, for packed rows (several documents in one row: ``position_ids`` restarting at 0, a block-diagonal
-mask, or flash-attention's ``cu_seq_lens_q``), the documents' boundaries as ``segments`` (:func:`read_mask`), so that
-each document's output is its output alone; any other mask, a sliding window, softcap, sinks or a position bias is
-refused. A causal layer takes
-the decoder rule (:func:`attention_zoo.seq2seq.resolve_decoder_attention`); ``lsh`` is refused (shared QK).
-docs/huggingface.md ("What the core gets") gives the details.
+4-D mask, or, for packed rows (``position_ids`` restarting at 0, a block-diagonal mask, ``cu_seq_lens_q``), the
+documents' boundaries as ``segments`` (:func:`read_mask`); any other mask, a sliding window, softcap, sinks or a
+position bias is refused. A causal layer takes the decoder rule
+(:func:`attention_zoo.seq2seq.resolve_decoder_attention`); ``lsh`` is refused (shared QK). docs/huggingface.md
+("What the core gets") gives the details.
 
-Reloading: :func:`from_pretrained` builds the model with transformers' ``from_pretrained`` (which drops the zoo
-tensors it does not know), applies :func:`use_attention` with the spec that :func:`use_attention` stored in the
-saved config (or the one given), then loads every zoo tensor from the checkpoint's safetensors files, refusing a
-missing, unexpected or mis-shaped one. transformers' load report, which would list the zoo tensors as UNEXPECTED, is
-held back; a key outside the zoo's that transformers found missing, unexpected or mis-shaped is logged as one warning
-line, and the whole report is shown when transformers' loading fails.
+Reloading: :func:`from_pretrained` builds the model with transformers' ``from_pretrained``, applies
+:func:`use_attention` with the spec stored in the saved config (or the one given), then loads every zoo tensor,
+refusing a missing, unexpected or mis-shaped one; transformers' load report on the zoo tensors is held back, a key
+outside them that differs is one warning line, and the whole report is shown when transformers' loading fails.
 """
 
 from __future__ import annotations

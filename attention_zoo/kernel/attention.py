@@ -37,9 +37,7 @@ Conventions of this implementation (the papers leave them open):
   nothing about query i depends on later keys.
 - Decoding (:class:`KernelState`): the state and its reference; each step is one chunk of the same scan,
   O(m D) per sequence whatever the length.
-- Packed rows (``segments``, :mod:`attention_zoo.packing`): each document is its own sequence, so the sums
-  restart at each boundary and positions count from the document's start
-  (:meth:`KernelAttention.attend_segments`).
+- Packed rows (``segments``): sums restart at each boundary (:meth:`KernelAttention.attend_segments`).
 """
 
 from __future__ import annotations

@@ -17,20 +17,24 @@ positions. With ``eval_tokens``, val and test keep only the first ``eval_tokens`
 token stream, so runs at any ``max_seq_len`` are scored on the same text (their masked positions still
 differ: masks are drawn per chunk).
 
-Corpus: the files matching ``file_pattern`` under ``corpus_dir`` (recursively; hidden folders,
-``__pycache__``, ``site-packages`` and ``dist-packages`` are skipped), shuffled by ``seed``, capped by
+Corpus: the files matching ``file_pattern`` under ``corpus_dir`` (recursively; hidden folders and
+:data:`SKIPPED_FOLDERS` are skipped), shuffled by ``seed``, capped by
 ``max_files`` and ``max_bytes``, joined into one stream and split into contiguous train / val / test parts
 by ``val_fraction``, ``test_fraction`` of the characters (so val and test are mostly other files than
 train), tokenised, and cut into chunks of ``max_seq_len`` tokens; chunks may span file boundaries, as in
-RoBERTa's FULL-SENTENCES packing, and only the last chunk of a split can be shorter. The default corpus
-is the standard library's ``*.py`` files (``sysconfig.get_paths()["stdlib"]``), present on every machine
-with Python, so MLM runs offline.
+RoBERTa's FULL-SENTENCES packing (without its separator token: the files' tokens follow each other directly),
+and only the last chunk of a split can be shorter. Default corpus: the standard library's ``*.py`` files (offline).
+
+``pack=True``: the same chunks and masks; each batch also carries ``"segments"`` (B, S + 1), the boundaries of
+the files' parts inside each chunk (:mod:`attention_zoo.packing`), so attention and positions stop at file
+boundaries (a file cut by a chunk, ``max_bytes`` or the split continues as a new document after the cut).
 """
 
 from __future__ import annotations
 
 import os
 import sysconfig
+from collections.abc import Callable
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Literal
@@ -39,10 +43,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from attention_zoo.packing import segments_from_lengths
 from tasks.data.base import (
     IGNORE_INDEX,
     SPLITS,
     DataError,
+    PadCollate,
     Sequences,
     Split,
     derive_seed,
@@ -99,19 +105,33 @@ class MaskedLMDataset(Dataset):
     also counts the ``[CLS]`` and ``[SEP]`` it never selects (these chunks have none), and BERT caps the count
     at ``max_predictions_per_seq``; no cap here. (RoBERTa's random rounding, ``int(mask_prob * n + U[0, 1))``,
     is not offered.)
+
+    With ``documents=True`` an item also carries its chunk's document boundaries ``(S + 1,)`` (0, each position
+    where a document starts inside the chunk, the chunk's length), read from ``data.labels``, which then marks
+    with 1 the first token of each document of the stream (:meth:`MaskedLMDataModule.build_split`).
     """
 
-    def __init__(self, data: Sequences, *, mask_prob: float, selection: Selection, seed: int, random_high: int):
+    def __init__(
+        self,
+        data: Sequences,
+        *,
+        mask_prob: float,
+        selection: Selection,
+        seed: int,
+        random_high: int,
+        documents: bool = False,
+    ):
         self.data = data
         self.mask_prob = mask_prob
         self.selection = selection
         self.seed = seed
         self.random_high = random_high  # random replacements are regular tokens in [len(SPECIAL_TOKENS), random_high)
+        self.documents = documents
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, Tensor]:
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Tensor, ...]:
         epoch, index = epoch_and_index(key)
         tokens = self.data.sequence(index)
         n = len(tokens)
@@ -131,7 +151,27 @@ class MaskedLMDataset(Dataset):
         inputs = torch.where(selected & (action < MASK_SHARE), MASK_ID, tokens)
         randomize = selected & (action >= MASK_SHARE) & (action < MASK_SHARE + RANDOM_SHARE)
         inputs = torch.where(randomize, replacement, inputs)
-        return inputs, torch.where(selected, tokens, IGNORE_INDEX)
+        labels = torch.where(selected, tokens, IGNORE_INDEX)
+        if not self.documents:
+            return inputs, labels
+        # a chunk always opens a document at 0, whether or not a file starts there
+        starts = self.data.token_labels(index)[1:].nonzero().squeeze(1) + 1
+        return inputs, labels, torch.cat([torch.tensor([0]), starts, torch.tensor([n])])
+
+
+class PackedCollate:
+    """:class:`tasks.data.base.PadCollate` for items ``(tokens, labels, boundaries)``, plus ``"segments"``
+    (B, S + 1): each chunk's document boundaries, S the most documents in a chunk of the batch, a chunk with
+    fewer repeating its last boundary (empty documents)."""
+
+    def __init__(self, pad_id: int, pad_to: int | None = None):
+        self.pad = PadCollate(pad_id, pad_to)
+
+    def __call__(self, items: list[tuple[Tensor, Tensor, Tensor]]) -> dict[str, Tensor]:
+        batch = self.pad([(tokens, labels) for tokens, labels, _ in items])
+        width = self.pad.pad_to or batch["tokens"].shape[1]
+        lengths = [boundaries.diff().tolist() for _, _, boundaries in items]
+        return batch | {"segments": segments_from_lengths(lengths, width)}
 
 
 class MaskedLMDataModule(TokenizedDataModule):
@@ -158,6 +198,9 @@ class MaskedLMDataModule(TokenizedDataModule):
         eval_tokens: val and test keep only the first this many tokens of their split (then chunked by
             ``max_seq_len``; the last chunk may be shorter), so that every ``max_seq_len`` is evaluated on the
             same text; a split with fewer tokens is an error. None (default) keeps the whole split.
+        pack: False (default): attention spans the whole chunk, across file boundaries. True: batches also
+            carry ``"segments"``, the boundaries of the files inside each chunk, and attention and positions stay
+            inside each file (module docstring); the tokens, chunks and masks are those of ``pack=False``.
         **loader: plus the loader options of :class:`tasks.data.base.ZooDataModule` (``seed``, ``shuffle_seed``,
             ``batch_size``, ``num_workers``, ``pad_to_max_len``, ``cache_dir``).
     """
@@ -181,6 +224,7 @@ class MaskedLMDataModule(TokenizedDataModule):
         tokenizer_vocab_size: int = 8192,
         tokenizer_file: str | None = None,
         eval_tokens: int | None = None,
+        pack: bool = False,
         **loader: Any,
     ) -> None:
         super().__init__(**loader)
@@ -197,6 +241,8 @@ class MaskedLMDataModule(TokenizedDataModule):
             raise ValueError(f"tokenizer_vocab_size must be an int, got {tokenizer_vocab_size!r}")
         if not 0 < mask_prob <= 1:
             raise ValueError(f"mask_prob must be in (0, 1], got {mask_prob}")
+        if not isinstance(pack, bool):
+            raise ValueError(f"pack must be true or false, got {pack!r}")
         if selection not in ("per_token", "fixed_count"):
             raise ValueError(f"selection must be one of 'per_token', 'fixed_count'; got {selection!r}")
         if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
@@ -204,6 +250,7 @@ class MaskedLMDataModule(TokenizedDataModule):
         self.use_tokenizer(tokenizer, tokenizer_vocab_size, tokenizer_file)
         self.max_files, self.max_bytes = max_files, max_bytes
         self.eval_tokens = eval_tokens
+        self.pack = pack
         self.mask_prob = mask_prob
         self.selection = selection
         self.fractions: dict[Split, float] = {
@@ -256,7 +303,8 @@ class MaskedLMDataModule(TokenizedDataModule):
     def cache_params(self) -> dict:
         # only when set, so the caches built before the option existed keep their keys
         extra = {} if self.eval_tokens is None else {"eval_tokens": self.eval_tokens}
-        return super().cache_params() | extra
+        # a packed split also stores where each document starts
+        return super().cache_params() | extra | ({"pack": True} if self.pack else {})
 
     def training_texts(self) -> list[str]:
         return self.documents()["train"]
@@ -277,7 +325,13 @@ class MaskedLMDataModule(TokenizedDataModule):
                 )
             stream = stream[: self.eval_tokens]
         offsets = torch.cat([torch.arange(0, len(stream), self.max_seq_len), torch.tensor([len(stream)])])
-        return Sequences(stream.to(torch.int32), offsets)
+        if not self.pack:
+            return Sequences(stream.to(torch.int32), offsets)
+        # labels (stored per token; MLM draws its targets per epoch): 1 at the first token of each file's part
+        lengths = torch.tensor([0, *(len(piece) for piece in pieces)])
+        firsts = torch.zeros(len(stream) + 1, dtype=torch.uint8)
+        firsts[lengths.cumsum(0)[:-1].clamp(max=len(stream))] = 1  # an empty file starts where the next one does
+        return Sequences(stream.to(torch.int32), offsets, firsts[:-1])
 
     def release_sources(self) -> None:
         self._documents = None
@@ -289,4 +343,10 @@ class MaskedLMDataModule(TokenizedDataModule):
             selection=self.selection,
             seed=self.seed,
             random_high=self.text_tokenizer().vocab_size,
+            documents=self.pack,
         )
+
+    def collate(self) -> Callable[[list], dict[str, Tensor]]:
+        if not self.pack:
+            return super().collate()
+        return PackedCollate(self.pad_id, self.max_seq_len if self.pad_to_max_len else None)
