@@ -6,7 +6,9 @@ compare accuracy, throughput and peak memory, all measured in the same training 
     zoo compare --task_config configs/listops.yaml --experiment listops -- --trainer.max_steps 200
 
 Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
-sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies.
+sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies. ``--help``
+and ``--print_config`` show the defaults of the command they are given with: ``configs/compare.yaml``'s for a
+command that names no task, the parser's own (one seed, every mechanism that takes padding masks) otherwise.
 
 ``--attentions`` is a list in the flag syntax of every command (``full,linformer:k=32,sharing=kv,local:window=16``;
 written out once, with how values are typed, in :mod:`attention_zoo.spec`). An entry without options takes them
@@ -33,12 +35,13 @@ column (``val_*``, ``test_*``, ``decode_*``, or a throughput, memory or time col
 finished run did not log stops the comparison there, with the metrics it logged, before the other runs.
 
 Each run trains in its own ``zoo fit`` process (``threads`` torch threads), so a crash or an out-of-memory
-error stays its own and the peak memory is that run's alone; the processes are forked from one that has
-imported torch and Lightning once (``experiments/compare/preload.py``), so a run does not pay those imports. Outputs, in
-``<runs_dir>/<experiment>/``: one TensorBoard run per mechanism and seed (``<label>/seed-<s>``) and a
-Custom Scalars layout with one chart per metric; ``runs.csv``, ``summary.csv``, ``summary.md``,
-``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved ``compare.yaml``. With ``--bench DIR``
-(a ``zoo bench --out`` folder) it also writes ``zoo report``'s Pareto plot and length table.
+error stays its own and the peak memory is that run's alone (its resident set, even beside other runs); the
+processes are forked from one that has imported torch and Lightning once (``experiments/compare/preload.py``),
+so a run does not pay those imports. Outputs, in ``<runs_dir>/<experiment>/``: one TensorBoard run per mechanism
+and seed (``<label>/seed-<s>``) and a Custom Scalars layout with one chart per metric; ``runs.csv``,
+``summary.csv``, ``summary.md``, ``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved
+``compare.yaml``. With ``--bench DIR`` (a ``zoo bench --out`` folder) it also writes ``zoo report``'s Pareto plot
+and length table.
 
 ``--test`` also runs ``zoo test`` on each run's ``last.ckpt`` once it is fitted (translation: test BLEU with
 beam search, chrF, decoding speed); the test metrics join the run's row (``test_*`` columns).
@@ -55,7 +58,19 @@ The files an experiment holds name no path of the machine: ``compare.yaml`` and 
 relative to the working directory (or to the checkout), and each run's logs, ``run.json`` and ``config.yaml``
 are rewritten when its process ends (``experiments/compare/runs.py``).
 
-Ctrl-C stops the running run cleanly, writes the summary of what finished (the rest marked interrupted or not
+``--jobs N`` (default: the cores this process may use, ``os.sched_getaffinity``) runs up to N runs at once
+with the local launcher, started in the seed-major order above; a run's accuracy does not depend on it (each run
+is its own process with its own seeds), but its speed, memory and time do: runs share the cores, caches and
+memory bandwidth. Each run records how many runs trained beside it at most (``runs_at_once`` in ``run.json``
+and ``runs.csv``); the summary says how many ran at once and marks its speed, memory and time columns
+``measured concurrently`` when any run shared the machine (``--jobs 1`` for timings of one run alone). With
+``--threads T`` above 1, N x T above the usable cores oversubscribes them: the command says so.
+
+A finished run that logged no ``val_*`` metric never validated (fewer steps than the trainer's
+``val_check_interval``): its row says ``validated no``, its mechanism's verdict is ``not validated`` rather than a
+verdict on another metric, and one warning line (console and ``summary.md``) names such runs.
+
+Ctrl-C stops the running runs cleanly, writes the summary of what finished (the rest marked interrupted or not
 run) and exits with 130. One command at a time per experiment: a second one stops with one error line
 (``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock that another host holds).
 
@@ -75,6 +90,7 @@ import shutil
 import signal
 import sys
 import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -82,6 +98,7 @@ from typing import Any, Literal
 import yaml
 from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
 from jsonargparse.typing import Path_fr
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
@@ -99,6 +116,7 @@ from experiments.compare.runs import (
     attention_arguments,
     is_finished,
     is_tested,
+    record_runs_at_once,
     resolve_shown,
     run_row,
     shown_path,
@@ -111,6 +129,7 @@ from experiments.compare.summary import (
     plot,
     primary_metric,
     print_table,
+    validation_warning,
     write_runs,
     write_summary,
 )
@@ -124,7 +143,7 @@ CONFIGS = Path(str(resources.files("experiments") / "configs"))
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
-    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", "force_unlock",
+    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", "force_unlock", "jobs",
     *LAUNCHER_SETTINGS,
 )  # fmt: skip
 #: paths of compare.yaml that name one place however they are written (relative or not)
@@ -133,20 +152,31 @@ PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
 MAX_SEED = 2**32 - 1
 
 
-def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo compare", description=__doc__.split("\n\n")[0], exit_on_error=False)
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
+    """The command's parser; ``default_experiment``: with :data:`DEFAULT_CONFIG` as its default config file, so
+    that its defaults, in ``--help`` and ``--print_config`` too, are those of the bare ``zoo compare``."""
+    parser = ArgumentParser(
+        prog="zoo compare", description=__doc__.split("\n\n")[0], exit_on_error=False,
+        default_config_files=[str(DEFAULT_CONFIG)] if default_experiment else None,
+    )  # fmt: skip
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task_config)"
     )
     parser.add_argument(
-        "--experiment", type=str | None, default=None, help="experiment name, a folder of runs_dir (default: the task)"
+        "--experiment", type=str | None, default=None, help="experiment name, a folder of runs_dir (null: the task's)"
     )
     parser.add_argument("--task_config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
     parser.add_argument(
         "--attentions",
         type=str | None,
         default=None,
-        help="mechanisms in the flag syntax of attention_zoo.spec, e.g. full,linformer:k=32,sharing=kv",
+        help="mechanisms in the flag syntax of attention_zoo.spec, e.g. full,linformer:k=32,sharing=kv (null: every "
+        "mechanism that takes padding masks)",
     )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
     parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
@@ -155,6 +185,11 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--seeds", type=int, default=1, help="seeds per mechanism: seed, seed + 1, ...")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
+    parser.add_argument(
+        "--jobs", type=int, default=usable_cores(),
+        help="local launcher: runs at once (default: the usable cores of this machine); above 1, speed and memory "
+        "are measured concurrently",
+    )  # fmt: skip
     parser.add_argument("--runs_dir", type=str, default="runs", help="where the experiment directory goes")
     parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
     parser.add_argument(
@@ -177,7 +212,7 @@ def build_parser() -> ArgumentParser:
     )  # fmt: skip
     parser.add_argument(
         "--margin", type=float | None, default=None,
-        help="equivalence margin δ in the metric's units (default: acc 0.01, loss 0.02, BLEU 0.5, ppl 2%% of the "
+        help="equivalence margin δ in the metric's units (default: acc 0.01, loss 0.02, BLEU 0.5, ppl 2% of the "
         "reference's)",
     )  # fmt: skip
     parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
@@ -186,7 +221,10 @@ def build_parser() -> ArgumentParser:
         "--test", type=bool, default=False, help="after each fit, zoo test its last.ckpt (test metrics join the run)"
     )
     parser.add_argument(
-        "--launcher", type=Literal["local", "ray"], default="local", help="local: one run after another; ray: Ray tasks"
+        "--launcher",
+        type=Literal["local", "ray"],
+        default="local",
+        help="local: --jobs runs at once on this machine; ray: Ray tasks",
     )
     parser.add_argument(
         "--ray_address", "--ray-address", type=str | None, default=None,
@@ -446,18 +484,37 @@ def main(argv: list[str]) -> int:
         return 2
 
 
+def names_task(own: list[str]) -> bool:
+    """Whether the command's own arguments name a task (``--task_config``, or a ``--config`` that has one); when
+    they cannot be parsed, True: the parser without the default experiment then refuses them as before.
+    ``--help`` and ``--print_config`` (with its flags) are left out, since they would stop the parse."""
+    probe, skip = [], False
+    for argument in own:
+        if skip and not argument.startswith("-"):
+            skip = False
+            continue
+        skip = argument == "--print_config"
+        if argument not in ("-h", "--help") and not argument.startswith("--print_config"):
+            probe.append(argument)
+    try:
+        return build_parser().parse_args(probe).task_config is not None
+    except ArgumentError:
+        return True
+
+
 def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, verbose: bool) -> int:
-    parser = build_parser()
+    default = not names_task(own)  # no task named: the embedded default experiment, under the given overrides
+    if default and not DEFAULT_CONFIG.is_file():
+        build_parser().error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
+    parser = build_parser(default_experiment=default)
     config = parser.parse_args(own)
-    if config.task_config is None:  # no task named: the embedded default experiment, under the given overrides
-        if not DEFAULT_CONFIG.is_file():
-            parser.error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
-        config = parser.parse_args(["--config", str(DEFAULT_CONFIG), *own])
     out = console()
     if config.seed < 0:
         parser.error(f"--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got {config.seed}")
     if config.seeds < 1 or config.threads < 1:
         parser.error(f"--seeds and --threads must be >= 1, got seeds={config.seeds}, threads={config.threads}")
+    if config.jobs < 1:
+        parser.error(f"--jobs must be >= 1 (runs at once; {usable_cores()} usable cores here), got {config.jobs}")
     if config.seed + config.seeds - 1 > MAX_SEED:
         parser.error(
             f"--seed {config.seed} with --seeds {config.seeds} goes past {MAX_SEED}, the largest seed a run takes"
@@ -566,17 +623,12 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
                 )
                 rows = [finished.get(run.name) or _unrun_row(run, directory, config.test) for run in runs]
         else:
-            with Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), console=out,
-            ) as progress:  # fmt: skip
-                overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
-                for run in runs:
-                    rows.append(_do_run(run, directory, settings, stop, progress, out))
-                    if run not in done:
-                        progress.advance(overall)
-                    if metric_check(run, rows[-1]):
-                        break
+            if config.jobs > 1 and config.jobs * config.threads > usable_cores():
+                out.print(
+                    f"[yellow]--jobs {config.jobs} x --threads {config.threads} is more than the {usable_cores()} "
+                    "usable cores: the runs share them[/]"
+                )
+            rows = run_locally(runs, done, directory, settings, config.jobs, stop=stop, check=metric_check, out=out)
     finally:
         signal.signal(signal.SIGINT, previous)
     if metric_check.problem:
@@ -593,7 +645,7 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         + "); the data are the same in every run",
         f"- {config.threads} torch thread(s) per run, "
         + (
-            "runs one after another"
+            at_once_text(rows, config.jobs)
             if config.launcher == "local"
             else f"runs as Ray tasks at once ({config.run_cpus or config.threads:g} CPU, {config.run_gpus:g} GPU each)"
         )
@@ -603,11 +655,16 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         "peak resident set size (includes the PyTorch process baseline); train_mem_mb: that peak minus the memory "
         "in use when training started; fit_s: Trainer.fit wall time",
     ]
+    concurrent = config.launcher == "ray" or measured_concurrently(rows)
     write_runs(directory, rows)
-    summary = write_summary(directory, rows, header, metric=metric, reference=reference, margin=config.margin)
+    summary = write_summary(
+        directory, rows, header, metric=metric, reference=reference, margin=config.margin, concurrent=concurrent
+    )
     plot(summary, metric or primary_metric(rows), directory, directory.name)
     write_layout(directory, sorted({f"val/{k[4:]}" for r in rows for k in r if k.startswith("val_")}))
-    print_table(summary, metric, out)
+    print_table(summary, metric, out, concurrent=concurrent)
+    if warning := validation_warning(rows):
+        out.print(f"[yellow]warning[/]: {escape(warning)}")
     written = "summary.md, summary.csv, runs.csv, accuracy_vs_throughput.png, peak_memory.png"
     if config.bench:
         from experiments.compare.report import write_report
@@ -637,17 +694,85 @@ class MetricCheck:
         return bool(self.problem)
 
 
-def _do_run(
-    run: Run, directory: Path, settings: RunSettings, stop: threading.Event, progress: Progress, out: Any
-) -> dict[str, Any]:
-    run_dir = run.directory(directory)
-    if _is_done(run_dir, settings.test) or stop.is_set():
-        return _unrun_row(run, directory, settings.test)
+def run_locally(
+    runs: list[Run],
+    done: list[Run],
+    directory: Path,
+    settings: RunSettings,
+    jobs: int,
+    *,
+    stop: threading.Event,
+    check: MetricCheck,
+    out: Any,
+) -> list[dict[str, Any]]:
+    """Run every run of ``runs`` not in ``done``, up to ``jobs`` at once, in the order of ``runs``: each in a
+    thread of this process that starts and watches its own ``zoo fit`` process (:func:`attempt`), while this
+    thread starts the next ones, records each finished run's ``runs_at_once`` and prints its line. ``check`` sees
+    the runs finished earlier first (nothing starts when one of them stops the comparison), then each run as it
+    ends; its stopping the comparison, or ``stop`` (Ctrl-C), interrupts the runs under way (a rerun resumes them)
+    and starts no other. Returns the rows of ``runs``, in order."""
+    rows = {run.name: _unrun_row(run, directory, settings.test) for run in done}
+    if any(check(run, rows[run.name]) for run in done):
+        return [rows.get(run.name) or _unrun_row(run, directory, settings.test) for run in runs]
+    waiting = [run for run in runs if run not in done]
+    running: dict[Future, Run] = {}
+    at_once: dict[str, int] = {}  # per running run: the most runs under way at once since it started
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with (
+        Progress(*columns, TimeElapsedColumn(), console=out) as progress,
+        ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="zoo-run") as pool,
+    ):
+        overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
+        try:
+            while waiting or running:
+                while waiting and len(running) < jobs and not stop.is_set():
+                    run = waiting.pop(0)
+                    running[pool.submit(_attempt, run, directory, settings, stop, progress)] = run
+                    for name in (r.name for r in running.values()):
+                        at_once[name] = max(at_once.get(name, 0), len(running))
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(finished, key=lambda f: runs.index(running[f])):
+                    run = running.pop(future)
+                    run_dir = run.directory(directory)
+                    most = at_once.pop(run.name)
+                    how, wall, ok, reason = future.result()
+                    if ok and how != "already fitted":  # trained now: its speed and memory were measured now
+                        record_runs_at_once(run_dir, most)
+                    rows[run.name] = _finish(run, run_dir, how, wall, ok, reason, stop=stop, out=out)
+                    progress.advance(overall)
+                    if check(run, rows[run.name]):
+                        stop.set()  # interrupts the runs under way, which a rerun resumes
+        except BaseException:
+            stop.set()  # the pool's threads stop their runs before the pool is left
+            raise
+    return [rows.get(run.name) or _unrun_row(run, directory, settings.test) for run in runs]
+
+
+def _attempt(
+    run: Run, directory: Path, settings: RunSettings, stop: threading.Event, progress: Progress
+) -> tuple[str, float, bool, str]:
+    """:func:`attempt` with a progress bar of the run's steps while it trains."""
     task = progress.add_task(run.name, total=None)
     on_progress = lambda step, total: progress.update(task, completed=step, total=total)
-    result = attempt(run, directory, settings, stop=stop, on_progress=on_progress)
-    progress.remove_task(task)
-    return _finish(run, run_dir, *result, stop=stop, out=out)
+    try:
+        return attempt(run, directory, settings, stop=stop, on_progress=on_progress)
+    finally:
+        progress.remove_task(task)
+
+
+def measured_concurrently(rows: list[dict[str, Any]]) -> bool:
+    """Whether any finished run trained beside another (its ``runs_at_once`` above 1)."""
+    return any((row.get("runs_at_once") or 1) > 1 for row in rows if row["status"] == "ok")
+
+
+def at_once_text(rows: list[dict[str, Any]], jobs: int) -> str:
+    """How the local launcher ran the runs, for the summary's heading."""
+    most = max((row.get("runs_at_once") or 1 for row in rows if row["status"] == "ok"), default=1)
+    if most == 1:
+        return f"runs one after another (--jobs {jobs})"
+    return f"up to {most} runs at once (--jobs {jobs}; speed, memory and time measured concurrently)"
 
 
 def _unrun_row(run: Run, directory: Path, test: bool) -> dict[str, Any]:
@@ -666,8 +791,9 @@ def _finish(
     row = run_row(run, run_dir, status=status, wall_s=wall, reason=reason)
     # one line per finished run, so logs (no live bar off a terminal) show progress too
     extra = "" if how == "new" else f" ({how})"
+    accuracy = f"val_acc {format_interval(_single(row.get('val_acc')), 'val_acc')}"
     out.print(
-        f"  {run.name}: {status}{extra}, val_acc {format_interval(_single(row.get('val_acc')), 'val_acc')}, "
+        f"  {run.name}: {status}{extra}, {'validation never ran' if row['validated'] == 'no' else accuracy}, "
         f"{format_interval(_single(row.get('tokens_per_s')), 'tokens_per_s')} tokens/s, {wall:.1f} s"
         + (f" - {reason}" if reason else "")
     )

@@ -52,7 +52,7 @@ COMPARE_COLUMNS = ("mechanism", "attention", "options", "options_from", "seed", 
 #: the metric columns zoo compare adds beyond RUN_COLUMNS
 METRIC_PREFIXES = ("val_", "test_", "decode_")
 #: the text columns of runs.csv; every other column holds numbers (or nothing)
-TEXT_COLUMNS = ("mechanism", "attention", "options", "options_from", "status", "reason", "run_dir")
+TEXT_COLUMNS = ("mechanism", "attention", "options", "options_from", "status", "validated", "reason", "run_dir")
 #: the statuses zoo compare gives a run
 RUN_STATUSES = ("ok", "failed", "interrupted", "not run")
 #: the fields of a bench timing the report reads, with what each must be

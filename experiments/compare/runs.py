@@ -32,11 +32,15 @@ from typing import Any, Literal
 
 import attention_zoo as az
 from experiments.compare import preload
+from experiments.compare.summary import validated
 from experiments.machine_paths import CHECKOUT, is_site_folder, machine_folders, portable_text
 from tasks.callbacks import RUN_RECORD, read_json_record
 
 #: the files of a run that name paths (``portable_files``)
 PATH_FILES = ("fit.log", "test.log", RUN_RECORD, "config.yaml", "hparams.yaml")
+#: one run started at a time, whatever the number of runs at once: multiprocessing's bookkeeping of its children
+#: and its forkserver connection were not written for threads that start processes together
+_STARTING = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -218,7 +222,7 @@ def execute(
     env = os.environ | {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     ended = "exited"
-    with _signals_unblocked():  # a Ray worker blocks SIGINT, and a child inherits the mask: _terminate needs it
+    with _STARTING, _signals_unblocked():  # a Ray worker blocks SIGINT; a child inherits the mask: _terminate needs it
         process = preload.start(args, run_dir / log_name, env, threads)
     try:
         while process.poll() is None:
@@ -341,8 +345,22 @@ def failure_reason(returncode: int, record: dict, log: Path, ended: str, timeout
     return f"exit code {returncode}; see the run's {log.name}"
 
 
+def record_runs_at_once(run_dir: Path, at_once: int) -> None:
+    """Add ``runs_at_once`` to the ``run.json`` of a run that has just trained: the most runs of the comparison
+    that trained at the same time as it (itself included), under which its speed and memory were measured.
+    The file is replaced whole, so a reader never sees half of one."""
+    record = read_record(run_dir)
+    if not record:
+        return
+    path = run_dir / RUN_RECORD
+    temporary = path.with_name(f".{RUN_RECORD}.at-once")
+    temporary.write_text(json.dumps(record | {"runs_at_once": at_once}, indent=2))
+    os.replace(temporary, path)
+
+
 def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reason: str = "") -> dict[str, Any]:
-    """The summary row of one run, from its ``run.json``."""
+    """The summary row of one run, from its ``run.json``; ``validated`` (``yes`` / ``no``, empty for a run that did
+    not finish) says whether it logged a ``val_*`` metric."""
     record = read_record(run_dir)
     ok = status == "ok"
     metrics = {k: v for k, v in record.get("metrics", {}).items() if isinstance(v, (int, float))}
@@ -360,6 +378,7 @@ def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reaso
         "steps": record.get("step"),
         "fit_s": record.get("fit_seconds"),
         "wall_s": wall_s if wall_s is not None else record.get("fit_seconds"),
+        "runs_at_once": record.get("runs_at_once") if ok else None,
         "resumed_from_step": record.get("start_step") or None,
         "reason": reason,
         "run_dir": shown_path(run_dir),
@@ -367,6 +386,7 @@ def run_row(run: Run, run_dir: Path, *, status: str, wall_s: float | None, reaso
     }
     # every scalar metric of the run: val/acc -> val_acc, test/bleu -> test_bleu, ...
     row |= {name.replace("/", "_"): value for name, value in metrics.items() if name.split("/")[0] in METRIC_STAGES}
+    row["validated"] = ("yes" if validated(row) else "no") if ok else ""
     return row
 
 

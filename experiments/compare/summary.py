@@ -9,6 +9,11 @@ verdict of each mechanism against the reference (default ``full``) is the rule o
 95% interval excludes 0, else ``inconclusive``. Beside each verdict: the smallest margin at which ``on par`` would
 hold, and, when the no-attention control (:data:`CONTROL`, ``zoo compare --control``) ran, the mechanism's
 difference as a fraction of the control's (0: the reference's metric, 1: no better than no attention at all).
+
+A mechanism whose finished runs never validated (no ``val_*`` metric: fewer steps than the trainer's
+``val_check_interval``) is judged on nothing else: with a ``val_*`` metric its verdict is ``not validated``,
+and :func:`validation_warning` names those runs. When runs trained beside each other (``runs_at_once`` above 1,
+``zoo compare --jobs``), the speed, memory and time columns say ``measured concurrently``.
 """
 
 from __future__ import annotations
@@ -34,15 +39,19 @@ from experiments.stats import (
 )
 
 RUN_COLUMNS = (
-    "mechanism", "attention", "options", "options_from", "seed", "status", "val_acc", "val_loss", "train_loss",
-    "val_ppl", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "parameters", "steps", "resumed_from_step", "fit_s",
-    "wall_s", "reason", "run_dir",
+    "mechanism", "attention", "options", "options_from", "seed", "status", "validated", "val_acc", "val_loss",
+    "train_loss", "val_ppl", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "parameters", "steps",
+    "resumed_from_step", "fit_s", "wall_s", "runs_at_once", "reason", "run_dir",
 )  # fmt: skip
 #: aggregated over seeds in every summary, whether or not the task logs further metrics
 CORE_METRICS = ("val_acc", "val_loss", "val_ppl", "tokens_per_s", "peak_mem_mb", "train_mem_mb", "fit_s")
 LOWER_IS_BETTER = ("loss", "ppl", "mem_mb", "fit_s", "wall_s")
 #: the registered core of the no-attention control arm
 CONTROL = "self_only"
+#: the columns other runs on the same machine change: speed, memory and time
+CONCURRENCY_AFFECTED = ("_per_s", "mem_mb", "fit_s", "wall_s")
+#: how a column measured beside other runs is flagged
+CONCURRENTLY = "measured concurrently"
 
 
 def lower_is_better(metric: str) -> bool:
@@ -58,6 +67,25 @@ def primary_metric(rows: list[dict[str, Any]]) -> str:
         if any(_number(r.get(metric)) is not None for r in rows):
             return metric
     return "val_loss"
+
+
+def validated(row: dict[str, Any]) -> bool:
+    """Whether a run's row has a validation metric (``val_*``): a run too short for the trainer's
+    ``val_check_interval`` has none."""
+    return any(k.startswith("val_") and _number(v) is not None for k, v in row.items())
+
+
+def validation_warning(rows: list[dict[str, Any]]) -> str | None:
+    """One line naming the finished runs that never validated (None when every one did)."""
+    finished = [r for r in rows if r.get("status") == "ok"]
+    never = [f"{r['mechanism']}/seed-{r['seed']}" for r in finished if not validated(r)]
+    if not never:
+        return None
+    named = ", ".join(never[:3]) + (f" and {len(never) - 3} more" if len(never) > 3 else "")
+    return (
+        f"validation never ran in {len(never)} of {len(finished)} finished runs ({named}): no val_* metric, so their "
+        "verdict is 'not validated'; train more steps than --trainer.val_check_interval, or lower it"
+    )
 
 
 def metric_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -95,6 +123,7 @@ def summarize_mechanisms(
             "seeds": len(runs),
             "ok": len(ok),
             "status": "ok" if len(ok) == len(runs) else ("partial" if ok else "failed"),
+            "validated": sum(map(validated, ok)),
             "problems": "; ".join(failures),
             "intervals": {c: summarize([_number(r.get(c)) for r in ok], bounds=metric_bounds(c)) for c in columns},
             "per_seed": {int(r["seed"]): _number(r.get(metric)) for r in ok if r.get("seed") is not None},
@@ -112,17 +141,18 @@ def find_reference(summary: list[dict[str, Any]], reference: str) -> dict[str, A
     return (by_label or (by_attention if len(by_attention) == 1 else [None]))[0]
 
 
-def compare_with_reference(
-    summary: list[dict[str, Any]], metric: str, reference: str, margin: float | None
-) -> None:
+def compare_with_reference(summary: list[dict[str, Any]], metric: str, reference: str, margin: float | None) -> None:
     """Set ``difference``, ``verdict``, ``reference``, ``margin`` and ``gap_fraction`` on every row (module
     docstring)."""
     base = find_reference(summary, reference)
     reference_mean = base["intervals"][metric].mean if base and base["intervals"].get(metric) else None
     delta = margin if margin is not None else default_margin(metric, reference_mean)
+    never = lambda s: metric.startswith("val_") and s["ok"] > 0 and not s["validated"]
     for s in summary:
         s["reference"], s["margin"], s["difference"] = reference, delta, None
-        if base is None:
+        if never(s):
+            s["verdict"] = "not validated"
+        elif base is None or never(base):
             s["verdict"] = "-"
         elif s is base:
             s["verdict"] = "reference"
@@ -165,6 +195,7 @@ def summary_table_rows(summary: list[dict[str, Any]], metric: str, columns: list
     flat = []
     for s in summary:
         row = {k: s[k] for k in ("mechanism", "attention", "options", "options_from", "seeds", "ok", "status")}
+        row["validated"] = s["validated"]
         difference: PairedDifference | None = s["difference"]
         row |= {
             "metric": metric,
@@ -217,23 +248,34 @@ def write_summary(
     metric: str | None = None,
     reference: str = "full",
     margin: float | None = None,
+    concurrent: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """``summary.csv`` and ``summary.md`` (opening with ``header``) from the runs' rows; returns the summary."""
+    """``summary.csv`` and ``summary.md`` (opening with ``header``) from the runs' rows; returns the summary.
+    ``concurrent``: whether the runs trained beside each other (their speed, memory and time columns are then
+    flagged :data:`CONCURRENTLY`); None: whether any finished run's ``runs_at_once`` is above 1."""
     metric = metric or primary_metric(rows)
     columns = metric_columns(rows)
     summary = summarize_mechanisms(rows, metric, reference=reference, margin=margin)
     flat = summary_table_rows(summary, metric, columns)
     write_csv(directory / "summary.csv", flat, list(flat[0]) if flat else ["mechanism"])
+    if concurrent is None:
+        concurrent = any((_number(r.get("runs_at_once")) or 1) > 1 for r in rows if r.get("status") == "ok")
     shown = [c for c in columns if any(s["intervals"].get(c) is not None for s in summary)]
-    lines = [*header, "", *verdict_lines(summary, metric), ""]
+    titles = [f"{c} ({CONCURRENTLY})" if concurrent and c.endswith(CONCURRENCY_AFFECTED) else c for c in shown]
+    warning = validation_warning(rows)
+    lines = [*header, "", *([f"**Warning**: {_md(warning)}.", ""] if warning else [])]
+    lines += [*verdict_lines(summary, metric), ""]
     control = find_control(summary) is not None
     judged = ["verdict", "on par from δ", *(["Δ / Δ control"] if control else []), f"Δ {metric} [95% CI]", "p"]
+    counts = ["ok/seeds", *(["validated"] if warning else [])]
     lines += [
-        "| mechanism | options | ok/seeds | " + " | ".join([*judged, *shown]) + " |",
-        "|---" * (len(judged) + len(shown) + 3) + "|",
+        "| mechanism | options | " + " | ".join([*counts, *judged, *titles]) + " |",
+        "|---" * (len(counts) + len(judged) + len(titles) + 2) + "|",
     ]
     for s in sorted(summary, key=_best_first):
-        cells = [_md(s["mechanism"]), _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}", s["verdict"]]
+        cells = [_md(s["mechanism"]), _md(short_options(s["options"], 60)), f"{s['ok']}/{s['seeds']}"]
+        cells += [f"{s['validated']}/{s['ok']}"] if warning else []
+        cells.append(s["verdict"])
         cells.append(format_on_par_margin(s["difference"], metric))
         if control:
             cells.append("-" if s.get("gap_fraction") is None else f"{s['gap_fraction']:.2f}")
@@ -253,7 +295,9 @@ def verdict_lines(summary: list[dict[str, Any]], metric: str) -> list[str]:
     reference = summary[0]["reference"] if summary else "full"
     margin = summary[0]["margin"] if summary else None
     if not any(s["verdict"] == "reference" for s in summary):
-        return [f"Mean ± 95% interval over seeds, best {metric} first. No finished `{reference}` run: no verdicts."]
+        base = find_reference(summary, reference)
+        why = "never validated" if base is not None and base["verdict"] == "not validated" else "has no finished run"
+        return [f"Mean ± 95% interval over seeds, best {metric} first. `{reference}` {why}: no verdicts."]
     lines = [
         f"Mean ± 95% interval over seeds, best {metric} first. Verdict: the paired difference from `{reference}` on "
         f"{metric} over shared seeds (Δ = mechanism - {reference}; paired t-test), {margin_text(margin)}: {RULE}. "
@@ -331,39 +375,67 @@ def _format_value(value: float, column: str) -> str:
     return f"{value:.3f}"
 
 
-def print_table(summary: list[dict[str, Any]], metric: str, out: Any) -> None:
-    """The summary in at most 120 columns, best first: mechanism, short options, the primary metric (mean ± 95%
-    interval), the paired difference from the reference, its verdict and the smallest margin for ``on par``,
-    tokens/s and the memory training added.
-    The difference's interval and p-value are in ``summary.csv`` / ``summary.md``."""
-    shown = [metric, "tokens_per_s", "train_mem_mb"]
-    titles = {"tokens_per_s": "tokens/s", "train_mem_mb": "train MB"}
-    reference = summary[0]["reference"] if summary else "full"
-    margin = summary[0]["margin"] if summary else None
-    delta = f"δ = {margin:g}" if margin is not None else "no margin"
-    table = Table(title=f"zoo compare: mean ± 95% interval over seeds; verdict vs {reference} on {metric}, {delta}")
-    table.add_column("mechanism", max_width=18, overflow="fold")
-    table.add_column("options", max_width=22, overflow="ellipsis", no_wrap=True)
-    table.add_column(metric, justify="right")
-    table.add_column(f"Δ vs {reference}"[:16], justify="right")
-    table.add_column("verdict")
-    table.add_column("on par δ", justify="right")
-    for column in shown[1:]:
-        table.add_column(titles.get(column, column), justify="right")
-    table.add_column("ok", justify="right")
-    colours = {"better": "green", "worse": "red", "on par": "cyan"}
-    for s in sorted(summary, key=_best_first):
-        cells = [format_interval(s["intervals"].get(c), c) for c in shown]
-        ok = f"{s['ok']}/{s['seeds']}" if s["ok"] == s["seeds"] else f"[red]{s['ok']}/{s['seeds']}[/]"
-        verdict = s["verdict"]
-        styled = f"[{colours[verdict]}]{verdict}[/]" if verdict in colours else verdict
-        difference = format_difference(s["difference"], metric, interval=False)
-        table.add_row(escape(s["mechanism"]), escape(short_options(s["options"])), cells[0], difference, styled,
-                      format_on_par_margin(s["difference"], metric), *cells[1:], ok)  # fmt: skip
-    out.print(table, width=min(120, out.width))
+def print_table(summary: list[dict[str, Any]], metric: str, out: Any, *, concurrent: bool = False) -> None:
+    """The summary, best first, in the console's width up to 120 columns: mechanism, the primary metric (mean ±
+    95% interval), the paired difference Δ from the reference and its verdict always, whole; then, while they
+    fit, the runs finished of the seeds, the smallest margin for ``on par``, the options (cut to 22 characters,
+    else 12), tokens/s and the memory training added (dropped in the reverse order: memory and tokens/s first).
+    ``concurrent``: tokens/s and memory were measured with runs beside each other, which their titles and a
+    caption say. The difference's interval and p-value are in ``summary.csv`` / ``summary.md``."""
+    width = min(120, out.width)
+    optional = ("ok", "on par δ", "options", "tokens/s", "train MB")
+    layouts = [(optional[:kept], cut) for kept in range(len(optional), -1, -1) for cut in (22, 12)]
+    for kept, cut in layouts:
+        table = _summary_table(summary, metric, kept, options_width=cut, concurrent=concurrent)
+        if out.measure(table, options=out.options.update_width(10 * width)).maximum <= width:  # its natural width
+            break
+    out.print(table, width=width)
     for s in summary:
         if s["problems"]:
             out.print(f"[red]{escape(s['mechanism'])}[/]: {escape(s['problems'][:300])}")
+
+
+def _summary_table(
+    summary: list[dict[str, Any]], metric: str, optional: tuple[str, ...], *, options_width: int, concurrent: bool
+) -> Table:
+    """:func:`print_table`'s table with the ``optional`` columns named (``ok``, ``on par δ``, ``options``,
+    ``tokens/s``, ``train MB``), the options cut to ``options_width`` characters."""
+    reference = summary[0]["reference"] if summary else "full"
+    margin = summary[0]["margin"] if summary else None
+    delta = f"δ = {margin:g}" if margin is not None else "no margin"
+    measured = [c for c, title in (("tokens_per_s", "tokens/s"), ("train_mem_mb", "train MB")) if title in optional]
+    flagged = concurrent and bool(measured)
+    table = Table(
+        title=f"zoo compare: mean ± 95% interval over seeds; verdict vs {reference} on {metric}, {delta}",
+        caption=f"*: {CONCURRENTLY}, runs side by side (--jobs 1: each run alone)" if flagged else None,
+    )
+    table.add_column("mechanism", max_width=18, overflow="fold")
+    if "options" in optional:
+        table.add_column("options", max_width=options_width, overflow="ellipsis", no_wrap=True)
+    table.add_column(metric, justify="right", no_wrap=True)
+    table.add_column(f"Δ vs {reference}"[:16], justify="right", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    if "on par δ" in optional:
+        table.add_column("on par δ", justify="right")
+    for column in measured:
+        title = {"tokens_per_s": "tokens/s", "train_mem_mb": "train MB"}[column]
+        table.add_column(f"{title}*" if flagged else title, justify="right")
+    if "ok" in optional:
+        table.add_column("ok", justify="right")
+    colours = {"better": "green", "worse": "red", "on par": "cyan", "not validated": "yellow"}
+    for s in sorted(summary, key=_best_first):
+        verdict = s["verdict"]
+        cells = [escape(s["mechanism"])]
+        cells += [escape(short_options(s["options"], options_width))] if "options" in optional else []
+        cells += [format_interval(s["intervals"].get(metric), metric)]
+        cells += [format_difference(s["difference"], metric, interval=False)]
+        cells += [f"[{colours[verdict]}]{verdict}[/]" if verdict in colours else verdict]
+        cells += [format_on_par_margin(s["difference"], metric)] if "on par δ" in optional else []
+        cells += [format_interval(s["intervals"].get(c), c) for c in measured]
+        if "ok" in optional:
+            cells.append(f"{s['ok']}/{s['seeds']}" if s["ok"] == s["seeds"] else f"[red]{s['ok']}/{s['seeds']}[/]")
+        table.add_row(*cells)
+    return table
 
 
 def plot(summary: list[dict[str, Any]], metric: str, directory: Path, title: str) -> None:
@@ -384,7 +456,8 @@ def plot(summary: list[dict[str, Any]], metric: str, directory: Path, title: str
         x, y = s["intervals"]["tokens_per_s"], s["intervals"][metric]
         axes.errorbar(x.mean, y.mean, xerr=_error_bar(x), yerr=_error_bar(y), fmt=markers[index % len(markers)],
                       capsize=3, markersize=6, label=f"{s['mechanism']} ({s['ok']} seeds)")  # fmt: skip
-    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    if done:  # an empty legend is a matplotlib warning (no run validated, or none finished)
+        axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     axes.set_xlabel("training throughput (real tokens / s)")
     axes.set_ylabel(f"{metric} (final; mean ± 95% interval)")
     axes.set_title(f"{title}: {metric} vs throughput{note}", fontsize=10)

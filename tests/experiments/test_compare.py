@@ -286,7 +286,7 @@ def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
     command = [
         sys.executable, "-m", "experiments.cli", "compare", "--task_config", str(ROOT / "configs" / "recall.yaml"),
         "--attentions", "full,local:window=8", "--runs_dir", str(tmp_path / "runs"), "--experiment", "sigint",
-        "--fit_args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
+        "--jobs", "1", "--fit_args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
                                   "--data.train_size=256", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
                                   "--trainer.max_steps=400", "--trainer.val_check_interval=100"]),
     ]  # fmt: skip
