@@ -257,8 +257,8 @@ def write_outputs(directory: Path, suite: Suite, tasks: list[str], not_run: dict
     header = [
         f"# Long Range Arena, {suite.scale} scale (zoo lra)",
         "",
-        f"- suite config `{shown_path(suite.path)}`; tasks {', '.join(rows)}; each task's comparison, its runs and "
-        "verdicts in its own folder (`<task>/summary.md`)",
+        f"- suite config `{shown_path(suite.path.resolve())}`; tasks {', '.join(rows)}; each task's comparison, its "
+        "runs and verdicts in its own folder (`<task>/summary.md`)",
     ]
     paths = table.write(directory, table.build(rows), scale=suite.scale, header=header, not_run=not_run)
     write_suite_layout(directory, sorted({f"val/{k[4:]}" for r in rows.values() for row in r for k in row
