@@ -24,8 +24,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import ProgressBar, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 RUN_RECORD = "run.json"
 
@@ -143,7 +145,8 @@ class RunRecord(pl.Callback):
 
     ``zoo test`` adds its metrics (``test/...``) to the ``metrics`` of the run.json in its log directory
     (``--ckpt_path last`` tests the newest run of the mechanism in that run's own directory) and, when the
-    checkpoint lies in another run's ``checkpoints/``, to that run's run.json too; other entries stay.
+    checkpoint lies in another run's ``checkpoints/``, to that run's run.json too; a test logged inside the
+    checkpoint's run (``<run>/test/``, ``tasks.cli.place_evaluation``) writes only the run's; other entries stay.
     """
 
     def __init__(self, every_seconds: float = 1.0) -> None:
@@ -208,6 +211,8 @@ class RunRecord(pl.Callback):
             checkpoint_run = Path(trainer.ckpt_path).resolve().parent.parent / RUN_RECORD
             if checkpoint_run.exists():
                 paths.add(checkpoint_run)
+                if Path(log_dir).resolve().parent == checkpoint_run.parent:  # logged in <run>/test: one record
+                    paths = {checkpoint_run}
         for path in paths:
             record = read_json_record(path) or {"status": "tested", "task": type(pl_module).__name__}
             record.setdefault("metrics", {}).update(tested)
@@ -252,6 +257,38 @@ class SaveConfigToRun(SaveConfigCallback):
             text = self.parser.dump(self.config, skip_none=False)
             indented = "\n".join("    " + line for line in text.splitlines())  # a Markdown code block
             trainer.logger.experiment.add_text("config", indented)
+
+
+class _ZooBarMetrics:
+    """The bar's metrics without ``v_num``: the run's version is in its folder's name, and as a float
+    (``v_num: 0.000``) it reads as a measurement."""
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, int | str | float]:
+        items = super().get_metrics(trainer, pl_module)  # type: ignore[misc]
+        items.pop("v_num", None)
+        return items
+
+
+class ZooRichProgressBar(_ZooBarMetrics, RichProgressBar):
+    """Lightning's rich bar for runs bounded by steps: ``Epoch 3`` where no ``max_epochs`` bounds the run (Lightning
+    would show ``Epoch 3/-2`` for its -1 = unlimited; the bar's count is then the epoch's steps, up to ``max_steps``),
+    ``Epoch 3/9`` where one does; no ``v_num``."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        description = f"Epoch {current_epoch}"
+        if self.trainer.max_epochs is not None and self.trainer.max_epochs > 0:
+            description += f"/{self.trainer.max_epochs - 1}"
+        # as Lightning's: padded to the validation bar's label, so the two do not flicker
+        return f"{description:{len(self.validation_description)}}"
+
+
+class ZooTQDMProgressBar(_ZooBarMetrics, TQDMProgressBar):
+    """Lightning's tqdm bar (where ``rich`` is not installed), without ``v_num``."""
+
+
+def zoo_progress_bar() -> ProgressBar:
+    """The progress bar of ``zoo fit | validate | test``: rich where installed, else tqdm, as Lightning chooses."""
+    return ZooRichProgressBar() if _RICH_AVAILABLE else ZooTQDMProgressBar()
 
 
 def _synchronize(device: torch.device) -> None:

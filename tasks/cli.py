@@ -46,10 +46,12 @@ the config's keys (``--trainer.max_steps``); the dashed spelling (``--trainer.ma
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
 import json
+import logging
 import os
 import re
 import shutil
@@ -57,20 +59,22 @@ import sys
 import tempfile
 import warnings
 from argparse import ArgumentError
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
 from lightning.pytorch import LightningDataModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero
 
 from experiments.config_paths import ConfigNotFoundError, resolve_config
 from experiments.subcommands import jsonargparse_formatter, plain
 from tasks import classification, data, retrieval, token_prediction, translation  # noqa: F401  (short names)
 from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatches
-from tasks.callbacks import SaveConfigToRun
+from tasks.callbacks import SaveConfigToRun, zoo_progress_bar
 from tasks.data.base import DataError
 
 #: sizes set once on the data module and linked into the model, each into a task whose ``__init__`` takes it
@@ -88,6 +92,13 @@ MAX_SEED = 2**32 - 1
 VERBOSE_FLAG, VERBOSE_ENV = "--verbose", "ZOO_VERBOSE"
 #: LightningCLI's config flags, whose value is a file or the name of a packaged config (:func:`resolve_config_flags`)
 CONFIG_FLAGS = ("-c", "--config")
+#: the subcommands that evaluate a checkpoint, each logged into the checkpoint's run (:func:`place_evaluation`)
+EVALUATIONS = ("validate", "test")
+#: Lightning's messages that say nothing about the run, silenced while a command runs: its advertisement, logged
+#: by ``rank_zero_info`` at every Trainer (:func:`quiet_lightning`), and torch's deprecation of a class Lightning
+#: itself still uses (``lightning/pytorch/utilities/_pytree.py``), warned at the first batch
+LIGHTNING_TIP = "💡 Tip:"
+LEAFSPEC_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 #: the help of ``zoo fit | validate | test``: what the command does, and examples (kept line for line)
 SUBCOMMAND_HELP = {
     "fit": """zoo fit: train a task with one attention mechanism (LightningCLI over tasks/). -c names a config file, or
@@ -199,17 +210,29 @@ class ZooCLI(LightningCLI):
         check_resume(self.trainer, self.model, self.config.fit.get("ckpt_path"), "fit")
 
     def before_validate(self) -> None:
+        keep_checkpoint_dirs(self.trainer, self.config.validate.get("ckpt_path"))
         check_resume(self.trainer, self.model, self.config.validate.get("ckpt_path"), "validate")
 
     def before_test(self) -> None:
+        keep_checkpoint_dirs(self.trainer, self.config.test.get("ckpt_path"))
         check_resume(self.trainer, self.model, self.config.test.get("ckpt_path"), "test")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # the zoo's progress bar replaces Lightning's default one (a progress bar of the config's is kept)
+        trainer = self._get(self.config_init, "trainer", default={})
+        callbacks = [*(trainer.get("callbacks") or []), *kwargs.pop("callbacks", [])]
+        if trainer.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
+            callbacks.append(zoo_progress_bar())
+        return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         keep_size_links(self._parser(self.subcommand), linked_sizes(config.model.class_path))
         if self.subcommand == "fit":
             check_training_length(config.trainer)
-        place_run(config.trainer.logger, config.model.init_args.attention, resume=config.get("ckpt_path") == "last")
+        ckpt_path = config.get("ckpt_path")
+        if not (self.subcommand in EVALUATIONS and place_evaluation(config.trainer.logger, ckpt_path, self.subcommand)):
+            place_run(config.trainer.logger, config.model.init_args.attention, resume=ckpt_path == "last")
         for logger in _listed(config.trainer.logger):
             init = getattr(logger, "init_args", None)
             if init is not None and init.get("save_dir") is not None:
@@ -429,6 +452,35 @@ def place_run(logger: object, attention: str, *, resume: bool) -> None:
             init.version = max(versions)
 
 
+def place_evaluation(logger: object, ckpt_path: str | None, stage: str) -> bool:
+    """Log ``zoo validate | test --ckpt_path <run>/checkpoints/FILE`` to ``<run>/<stage>/`` (``<run>/test/``): beside
+    the fit's own files in the fit's folder, rather than in a new ``version_<n>`` as if it were another run, and
+    without rewriting the fit's ``config.yaml``. Whether a TensorBoard logger was placed so (a checkpoint elsewhere
+    is logged as before, by :func:`place_run`)."""
+    if ckpt_path is None or not _names_a_file(str(ckpt_path)):
+        return False
+    checkpoints = Path(ckpt_path).parent
+    placed = False
+    for one in _listed(logger):
+        if checkpoints.name == "checkpoints" and getattr(one, "class_path", "").endswith("TensorBoardLogger"):
+            one.init_args.save_dir, one.init_args.name, one.init_args.version = str(checkpoints.parent), "", stage
+            placed = True
+    return placed
+
+
+def keep_checkpoint_dirs(trainer: Trainer, ckpt_path: str | None) -> None:
+    """Give each checkpoint callback of ``zoo validate | test`` the folder it had in the run that saved ``ckpt_path``
+    (as that run recorded it), not one under this command's log folder: Lightning warns that "the dirpath has
+    changed" when it restores the callback's state otherwise. Nothing is saved there (neither command trains)."""
+    if ckpt_path is None or not _names_a_file(str(ckpt_path)):
+        return
+    saved = read_checkpoint(ckpt_path, "--ckpt_path").get("callbacks") or {}
+    for callback in trainer.checkpoint_callbacks:
+        state = saved.get(callback.state_key) if isinstance(callback, ModelCheckpoint) else None
+        if state and state.get("dirpath") and callback.dirpath is None:
+            callback.dirpath = state["dirpath"]
+
+
 def build(argv: list[str], *, exit_on_error: bool = True) -> tuple[ZooTask, LightningDataModule]:
     """The task and data module that ``zoo fit <argv>`` would train, built without training, logging or
     writing anything (``zoo compare`` checks every mechanism this way before it starts). Raises
@@ -451,7 +503,9 @@ def run(subcommand: str, argv: list[str]) -> int:
         with warnings.catch_warnings():
             # argv always comes explicitly (from `zoo` or from tests); Lightning warns when sys.argv has args too
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            ZooCLI([subcommand, *resolve_config_flags(read)], exit_on_error=False)
+            warnings.filterwarnings("ignore", message=LEAFSPEC_DEPRECATION, category=FutureWarning)
+            with quiet_lightning():
+                ZooCLI([subcommand, *resolve_config_flags(read)], exit_on_error=False)
     except (ConfigError, DataError) as error:  # DataError: raised while the data is read, inside the Trainer
         print(f"zoo {subcommand}: error: {error}", file=sys.stderr)
         return 2
@@ -465,6 +519,23 @@ def run(subcommand: str, argv: list[str]) -> int:
     finally:
         _close_process_group()
     return 0
+
+
+class _DropTip(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(LIGHTNING_TIP)
+
+
+@contextlib.contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Drop Lightning's "💡 Tip" advertisement (:data:`LIGHTNING_TIP`) from its rank-zero log while the block runs;
+    its other messages stay."""
+    log, tip = logging.getLogger(rank_zero.__name__), _DropTip()
+    log.addFilter(tip)
+    try:
+        yield
+    finally:
+        log.removeFilter(tip)
 
 
 def _close_process_group() -> None:
