@@ -3,9 +3,9 @@
 :func:`dispatch`. A module of its own, below both, so that a command package that has subcommands of its own
 does not import the ``zoo`` command table that imports it.
 
-It also holds what every command's parser shares (standard library only, so that ``--help`` stays fast):
-:func:`plain` help text from a docstring, :class:`PlainHelp` (paragraphs wrapped to the terminal, indented
-example lines kept as written) and :class:`OneLineErrors` (a usage error is one line, an unknown flag gets the
+It also holds what every command's parser shares (standard library only, so that ``--help`` stays fast): the
+help text of :mod:`tasks.help_text` (plain text from a docstring, paragraphs wrapped, examples kept) and
+:class:`OneLineErrors` (a usage error is one line, an unknown flag gets the
 closest known one, an underscore spelling of a dashed flag is accepted with a note), put together for argparse in
 :class:`ZooArgumentParser`; a jsonargparse parser takes the same two mixins."""
 
@@ -16,10 +16,22 @@ import difflib
 import importlib
 import re
 import sys
-import textwrap
 from collections.abc import Iterable, Sequence
-from functools import cache
 from typing import Any, NoReturn
+
+from tasks.help_text import PlainHelp, PlainHelpFormatter, examples_epilog, jsonargparse_formatter, plain
+
+__all__ = [
+    "OneLineErrors",
+    "PlainHelp",
+    "PlainHelpFormatter",
+    "ZooArgumentParser",
+    "did_you_mean",
+    "dispatch",
+    "examples_epilog",
+    "jsonargparse_formatter",
+    "plain",
+]
 
 
 def dispatch(
@@ -58,63 +70,6 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'list'?)`` for the known name closest to a misspelt ``name``, else ``""``."""
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def plain(text: str) -> str:
-    """``text`` (a docstring) as plain help text, reStructuredText's markup dropped and the words kept: a double-
-    backquoted literal, a role (``:func:`` and the like, ``~a.b`` read as ``b``) and a single-backquoted name each
-    become their bare text; indentation and line breaks are kept."""
-    text = re.sub(r":[\w:]+:`~?([^`]+)`", lambda m: m[1].rsplit(".", 1)[-1] if "~" in m[0] else m[1], text)
-    text = re.sub(r"``([^`]+)``", r"\1", text)
-    return re.sub(r"(?<![\w`])`([^`\n]+)`(?![\w`])", r"\1", text)
-
-
-def examples_epilog(examples: Sequence[str]) -> str:
-    """The ``examples:`` block of a command's help, one indented line per example (kept as written)."""
-    return "examples:\n" + "\n".join(f"  {line}" for line in examples)
-
-
-class PlainHelp:
-    """A help formatter's text (mix in before an argparse or jsonargparse formatter): every option's help
-    :func:`plain`; in the description and epilog, runs of unindented lines are wrapped to the help's width as one
-    paragraph and indented lines (examples, lists) are kept line for line, where argparse's own formatter would run
-    the examples together."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = super()._get_help_string(action)  # type: ignore[misc]
-        return None if text is None else plain(text)
-
-    def _fill_text(self, text: str, width: int, indent: str) -> str:
-        out: list[str] = []
-        for block in re.split(r"\n\s*\n", textwrap.dedent(text).strip("\n")):
-            lines, paragraph = [], []
-            for line in [*block.splitlines(), ""]:
-                if line[:1].isspace() or not line:
-                    if paragraph:
-                        joined = " ".join(paragraph)
-                        lines.append(textwrap.fill(joined, width, initial_indent=indent, subsequent_indent=indent))
-                        paragraph = []
-                    if line:
-                        lines.append(indent + line)
-                else:
-                    paragraph.append(line.strip())
-            out.append("\n".join(lines))
-        return "\n\n".join(out)
-
-
-class PlainHelpFormatter(PlainHelp, argparse.HelpFormatter):
-    """argparse's help formatter with :class:`PlainHelp`."""
-
-
-@cache
-def jsonargparse_formatter() -> type[argparse.HelpFormatter]:
-    """jsonargparse's help formatter with :class:`PlainHelp` (jsonargparse imported only when one is asked for)."""
-    from jsonargparse import DefaultHelpFormatter
-
-    class Formatter(PlainHelp, DefaultHelpFormatter):
-        pass
-
-    return Formatter
 
 
 class OneLineErrors:

@@ -70,12 +70,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero
 
-from experiments.config_paths import ConfigNotFoundError, resolve_config
-from experiments.subcommands import jsonargparse_formatter, plain
 from tasks import classification, data, retrieval, token_prediction, translation  # noqa: F401  (short names)
 from tasks.base import ConfigError, ZooTask, read_checkpoint, state_dict_mismatches
 from tasks.callbacks import SaveConfigToRun, zoo_progress_bar
+from tasks.config_paths import ConfigNotFoundError, resolve_config
 from tasks.data.base import DataError
+from tasks.help_text import jsonargparse_formatter, plain
 
 #: sizes set once on the data module and linked into the model, each into a task whose ``__init__`` takes it
 #: (:func:`linked_sizes`): the encoder tasks take vocab_size, max_seq_len and num_classes, the translation task
@@ -547,7 +547,7 @@ def _close_process_group() -> None:
 
 def resolve_config_flags(argv: list[str]) -> list[str]:
     """``argv`` with the value of every ``-c`` / ``--config`` (``--config=VALUE`` too) resolved by
-    :func:`experiments.config_paths.resolve_config`: a file here as given, else the packaged config of that name.
+    :func:`tasks.config_paths.resolve_config`: a file here as given, else the packaged config of that name.
     An inline config (``--config '{trainer: {max_steps: 5}}'``: YAML of a mapping, which LightningCLI also reads)
     passes as it is. A value that names no config raises :class:`ConfigError` (one line, the closest names)."""
     out = list(argv)

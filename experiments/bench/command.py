@@ -46,9 +46,9 @@ from experiments.bench.cases import BenchConfig, Case, SweepEntry, expand, inval
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner
 from experiments.bench.store import HalfWrittenLine, ResultStore, selected_rows
-from experiments.config_paths import ConfigNotFoundError, resolve_config
 from experiments.console import console
 from experiments.subcommands import ZooArgumentParser
+from tasks.config_paths import ConfigNotFoundError, resolve_config
 
 #: the sweep settings that ``--check-targets`` honours; every other one would change what a target is measured at
 TARGET_SETTINGS = {"attentions", "threads", "repeats", "warmup", "rounds", "case_timeout_s", "isolation",
@@ -77,7 +77,7 @@ B=1 H=8 D=64). Only the settings below apply; a rerun with the same --out resume
 
 def config_file(value: str) -> str:
     """``--config``: a sweep file here, or a packaged one by name (``bench/decoding``,
-    :func:`experiments.config_paths.resolve_config`)."""
+    :func:`tasks.config_paths.resolve_config`)."""
     try:
         return resolve_config(value)
     except ConfigNotFoundError as error:

@@ -3,9 +3,9 @@ compare accuracy, throughput and peak memory, all measured in the same training 
 
     zoo compare                                            # the embedded default (configs/compare.yaml)
     zoo compare --attentions 'full,linformer:k=32,local:window=16' --seeds 5
-    zoo compare --task_config configs/listops.yaml --experiment listops -- --trainer.max_steps 200
+    zoo compare --task-config configs/listops.yaml --experiment listops -- --trainer.max_steps 200
 
-Without ``--task_config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
+Without ``--task-config`` (or a ``--config`` naming one), ``configs/compare.yaml`` supplies the task, its
 sizes (``fit_args``), the seeds and per-mechanism ``options``; with one, only what is given applies. ``--help``
 and ``--print_config`` show the defaults of the command they are given with: ``configs/compare.yaml``'s for a
 command that names no task, the parser's own (one seed, every mechanism that takes padding masks) otherwise.
@@ -72,15 +72,16 @@ verdict on another metric, and one warning line (console and ``summary.md``) nam
 
 Ctrl-C stops the running runs cleanly, writes the summary of what finished (the rest marked interrupted or not
 run) and exits with 130. One command at a time per experiment: a second one stops with one error line
-(``experiments/compare/lock.py``; ``--force_unlock`` takes over a lock that another host holds).
+(``experiments/compare/lock.py``; ``--force-unlock`` takes over a lock that another host holds).
 
 ``--launcher ray`` runs the same ``zoo fit`` subprocesses as Ray tasks, several at once, on a local Ray or on
-the cluster at ``--ray_address`` (``experiments/compare/ray_runs.py``); the default ``local`` never imports Ray.
+the cluster at ``--ray-address`` (``experiments/compare/ray_runs.py``); the default ``local`` never imports Ray.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import os
@@ -90,6 +91,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from importlib import resources
 from pathlib import Path
@@ -114,6 +116,7 @@ from experiments.compare.runs import (
     RunSettings,
     attempt,
     attention_arguments,
+    eta_text,
     is_finished,
     is_tested,
     record_runs_at_once,
@@ -136,6 +139,7 @@ from experiments.compare.summary import (
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
 from experiments.ray_launcher import RayLauncherError, connect, require_ray
+from experiments.subcommands import OneLineErrors, examples_epilog, jsonargparse_formatter, plain
 
 #: the task configs: ``configs/`` of the repository, which ``experiments/configs`` links to, so that a wheel ships
 #: them as package data of ``experiments`` and an installed ``zoo compare`` finds its default where it is installed
@@ -150,6 +154,11 @@ RESUMABLE_CHANGES = (
 PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
 #: the largest seed Lightning's seed_everything takes (numpy's seeds are unsigned 32-bit)
 MAX_SEED = 2**32 - 1
+#: the examples of ``--help``
+EXAMPLES = (
+    "zoo compare --attentions full,linformer:k=32,local:window=16 --seeds 5 --jobs 2",
+    "zoo compare --task-config configs/listops.yaml --experiment listops -- --trainer.max_steps 200",
+)
 
 
 def usable_cores() -> int:
@@ -157,20 +166,55 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+class Parser(OneLineErrors, ArgumentParser):
+    """jsonargparse's parser for ``zoo compare`` and ``zoo lra``: plain help (:func:`experiments.subcommands.plain`,
+    examples kept line for line), a usage error in one line with the closest flags, and a flag's underscore spelling
+    (``--task_config``) read as its dashed one (``--task-config``) with a note. Config files keep their keys
+    (``task_config:``): jsonargparse names a dashed flag's key with underscores."""
+
+    def __init__(self, prog: str, doc: str, examples: Sequence[str], **options: Any) -> None:
+        super().__init__(
+            prog=prog, description=plain(doc.split("\n\n")[0]), epilog=examples_epilog(examples),
+            formatter_class=jsonargparse_formatter(), exit_on_error=False, **options,
+        )  # fmt: skip
+
+    def one_line(self, message: str) -> str:
+        """:meth:`OneLineErrors.one_line`, where a misspelt flag is named with every flag about as close as the
+        closest (``--seedz``: ``--seed`` or ``--seeds``; difflib alone prefers the shorter), and a setting's key
+        (``task_config``) as its flag (``--task-config``)."""
+        unrecognized = re.match(r"unrecognized arguments: (.*)", message, flags=re.IGNORECASE | re.DOTALL)
+        if not unrecognized:
+            return re.sub(r"^--(\w+)", lambda m: "--" + m[1].replace("_", "-"), super().one_line(message))
+        given = [arg.split("=", 1)[0] for arg in unrecognized[1].split()]
+        flags = [arg for arg in given if arg.startswith("-")] or given
+        long_flags = [flag for flag in self.flags() if flag.startswith("--")]
+        named = [flag + (closest_flags(flag, long_flags) if flag.startswith("-") else "") for flag in flags]
+        hint = "" if any("did you mean" in n for n in named) else f"; {self.prog} --help lists the options"
+        return f"unrecognized argument{'s' * (len(flags) > 1)} {', '.join(named)}{hint}"
+
+
+def closest_flags(flag: str, known: Sequence[str]) -> str:
+    """`` (did you mean '--seed' or '--seeds'?)``: the known flags within 0.1 of the closest one's similarity
+    (difflib's ratio, at least 0.6), at most three; ``""`` when none is close."""
+    scored = sorted(((difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known), reverse=True)
+    close = [k for score, k in scored[:3] if score >= 0.6 and score >= scored[0][0] - 0.1] if scored else []
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
     """The command's parser; ``default_experiment``: with :data:`DEFAULT_CONFIG` as its default config file, so
     that its defaults, in ``--help`` and ``--print_config`` too, are those of the bare ``zoo compare``."""
-    parser = ArgumentParser(
-        prog="zoo compare", description=__doc__.split("\n\n")[0], exit_on_error=False,
+    parser = Parser(
+        "zoo compare", __doc__, EXAMPLES,
         default_config_files=[str(DEFAULT_CONFIG)] if default_experiment else None,
     )  # fmt: skip
     parser.add_argument(
-        "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task_config)"
+        "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task-config)"
     )
     parser.add_argument(
-        "--experiment", type=str | None, default=None, help="experiment name, a folder of runs_dir (null: the task's)"
+        "--experiment", type=str | None, default=None, help="experiment name, a folder of --runs-dir (null: the task's)"
     )
-    parser.add_argument("--task_config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
+    parser.add_argument("--task-config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
     parser.add_argument(
         "--attentions",
         type=str | None,
@@ -179,7 +223,7 @@ def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
         "mechanism that takes padding masks)",
     )
     parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
-    parser.add_argument("--fit_args", type=list[str], default=[], help="extra zoo fit arguments for every run")
+    parser.add_argument("--fit-args", type=list[str], default=[], help="extra zoo fit arguments for every run")
     parser.add_argument(
         "--seed", type=int, default=0, help=f"the first seed, 0 to {MAX_SEED} (model initialisation, data order)"
     )
@@ -190,7 +234,7 @@ def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
         help="local launcher: runs at once (default: the usable cores of this machine); above 1, speed and memory "
         "are measured concurrently",
     )  # fmt: skip
-    parser.add_argument("--runs_dir", type=str, default="runs", help="where the experiment directory goes")
+    parser.add_argument("--runs-dir", type=str, default="runs", help="where the experiment directory goes")
     parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
     parser.add_argument(
         "--metric", type=str | None, default=None, help="order and judge by this metric (default: val_acc, ...)"
@@ -227,20 +271,18 @@ def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
         help="local: --jobs runs at once on this machine; ray: Ray tasks",
     )
     parser.add_argument(
-        "--ray_address", "--ray-address", type=str | None, default=None,
+        "--ray-address", type=str | None, default=None,
         help="ray: auto, ray://host:port or host:port (default: start a local Ray on this machine)",
     )  # fmt: skip
+    parser.add_argument("--run-cpus", type=float | None, default=None, help="ray: CPUs per run (default: --threads)")
+    parser.add_argument("--run-gpus", type=float, default=0, help="ray: GPUs per run")
     parser.add_argument(
-        "--run_cpus", "--run-cpus", type=float | None, default=None, help="ray: CPUs per run (default: --threads)"
-    )
-    parser.add_argument("--run_gpus", "--run-gpus", type=float, default=0, help="ray: GPUs per run")
-    parser.add_argument(
-        "--shared_dir", "--shared-dir", type=str | None, default=None,
-        help="ray: a folder every node mounts at the same path; the experiment goes there (instead of runs_dir) and "
+        "--shared-dir", type=str | None, default=None,
+        help="ray: a folder every node mounts at the same path; the experiment goes there (instead of --runs-dir) and "
         "runs write into it directly (without it, a cluster run's files are sent back to this machine)",
     )  # fmt: skip
     parser.add_argument(
-        "--force_unlock", "--force-unlock", type=bool, default=False,
+        "--force-unlock", type=bool, default=False,
         help="take over the experiment's lock even when another host holds it (experiments/compare/lock.py)",
     )  # fmt: skip
     return parser
@@ -398,7 +440,7 @@ def experiment_directory(runs_dir: Path, name: str, identity: dict[str, Any], fr
     unprintable = any(not c.isprintable() for c in name)
     if not name or name in (".", "..") or "/" in name or "\\" in name or unprintable or len(name.encode()) > 255:
         raise ValueError(
-            f"--experiment {name!r} must be a plain folder name (no '/' or '..'); choose where it goes with --runs_dir"
+            f"--experiment {name!r} must be a plain folder name (no '/' or '..'); choose where it goes with --runs-dir"
         )
     runs_dir.mkdir(parents=True, exist_ok=True)
     path = runs_dir / name
@@ -468,24 +510,29 @@ def main(argv: list[str]) -> int:
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     (own, verbose), (fit_extra, fit_verbose) = take_verbose(own), take_verbose(fit_extra)
     verbose = verbose or fit_verbose  # a bare --verbose is no zoo fit option: after -- it asks this command too
+    parser = build_parser()
+    own = parser.dashed(own)  # once, so that the parses below see dashed flags and each note is printed once
     try:
         with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
             return _compare(own, fit_extra, held, verbose)
     except ArgumentError as error:
         message = str(error).strip()
-        line = parser_error_line(message)
+        unrecognized = message.lower().startswith("unrecognized arguments")
+        line = parser.one_line(message) if unrecognized else parser_error_line(message)
         if line.endswith(":"):  # jsonargparse's heading of a reason on the lines below (a file that does not exist)
             reasons = [part.strip() for part in message.splitlines()[1:] if part.strip()]
             line = re.sub(r'^Parser key "([^"]+)":', r"--\1:", line) + (f" {reasons[-1]}" if reasons else "")
+        line = re.sub(r"^--(\w+)", lambda m: "--" + m[1].replace("_", "-"), line)  # a key as its flag
         if verbose:
             print(message, file=sys.stderr)
-        more = "" if verbose or line == message else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
+        whole = verbose or unrecognized or line == message  # nothing more to see in the parser's full message
+        more = "" if whole else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
         print(f"zoo compare: error: {line}{more}", file=sys.stderr)
         return 2
 
 
 def names_task(own: list[str]) -> bool:
-    """Whether the command's own arguments name a task (``--task_config``, or a ``--config`` that has one); when
+    """Whether the command's own arguments name a task (``--task-config``, or a ``--config`` that has one); when
     they cannot be parsed, True: the parser without the default experiment then refuses them as before.
     ``--help`` and ``--print_config`` (with its flags) are left out, since they would stop the parse."""
     probe, skip = [], False
@@ -505,7 +552,7 @@ def names_task(own: list[str]) -> bool:
 def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, verbose: bool) -> int:
     default = not names_task(own)  # no task named: the embedded default experiment, under the given overrides
     if default and not DEFAULT_CONFIG.is_file():
-        build_parser().error(f"give --task_config or --config (the default {DEFAULT_CONFIG} is missing)")
+        build_parser().error(f"give --task-config or --config (the default {DEFAULT_CONFIG} is missing)")
     parser = build_parser(default_experiment=default)
     config = parser.parse_args(own)
     out = console()
@@ -523,7 +570,7 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
         parser.error(problem)
     if config.margin is not None and not config.margin >= 0:
         parser.error(f"--margin must be >= 0 (in the metric's units), got {config.margin}")
-    ray_settings = [f"--{k}" for k in LAUNCHER_SETTINGS[1:] if getattr(config, k) not in (None, 0)]
+    ray_settings = [f"--{k.replace('_', '-')}" for k in LAUNCHER_SETTINGS[1:] if getattr(config, k) not in (None, 0)]
     if config.launcher == "local" and ray_settings:
         parser.error(f"{', '.join(ray_settings)} go with --launcher ray")
     if config.launcher == "ray":
@@ -723,6 +770,8 @@ def run_locally(
         ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="zoo-run") as pool,
     ):
         overall = progress.add_task("[bold]runs", total=len(runs), completed=len(done))
+        trained_s: list[float] = []  # wall times of the runs trained now: the ETA's mean
+        progress.update(overall, description=f"[bold]runs[/] {eta_text(trained_s, len(waiting), jobs)}")
         try:
             while waiting or running:
                 while waiting and len(running) < jobs and not stop.is_set():
@@ -740,10 +789,13 @@ def run_locally(
                     how, wall, ok, reason = future.result()
                     if ok and how != "already fitted":  # trained now: its speed and memory were measured now
                         record_runs_at_once(run_dir, most)
+                        trained_s.append(wall)
                     rows[run.name] = _finish(run, run_dir, how, wall, ok, reason, stop=stop, out=out)
                     progress.advance(overall)
                     if check(run, rows[run.name]):
                         stop.set()  # interrupts the runs under way, which a rerun resumes
+                left = eta_text(trained_s, len(waiting) + len(running), jobs)
+                progress.update(overall, description=f"[bold]runs[/] {left}")
         except BaseException:
             stop.set()  # the pool's threads stop their runs before the pool is left
             raise
@@ -753,9 +805,10 @@ def run_locally(
 def _attempt(
     run: Run, directory: Path, settings: RunSettings, stop: threading.Event, progress: Progress
 ) -> tuple[str, float, bool, str]:
-    """:func:`attempt` with a progress bar of the run's steps while it trains."""
-    task = progress.add_task(run.name, total=None)
-    on_progress = lambda step, total: progress.update(task, completed=step, total=total)
+    """:func:`attempt` with a progress bar of the run's steps while it trains (its step as its ``run.json`` says,
+    rewritten every second by the run; ``starting`` until the run has begun training)."""
+    task = progress.add_task(f"{run.name} [dim]starting[/]", total=None)
+    on_progress = lambda step, total: progress.update(task, description=run.name, completed=step, total=total)
     try:
         return attempt(run, directory, settings, stop=stop, on_progress=on_progress)
     finally:

@@ -5,13 +5,13 @@ overwrite each other's records and summary. The first command takes ``<experimen
 that names its holder: ``pid``, ``host``, the process's start time (``/proc``; None where unknown),
 ``started`` and the ``command``. The file is created whole, atomically: written under a private name, then
 hard-linked to ``.lock``, which fails when a lock exists (a link is atomic on local and NFS file systems,
-where ``--shared_dir`` experiments live). A lock that exists is:
+where ``--shared-dir`` experiments live). A lock that exists is:
 
 - held by a running process on this host: refused (:class:`ExperimentLocked`, one line naming the holder);
 - left by a process of this host that no longer runs (killed, crashed, or its pid now belongs to another
   process, which the start time tells): taken over, with a message saying so;
 - held from another host: this host cannot tell whether that process runs, so it is refused unless
-  ``force_unlock`` (``zoo compare --force_unlock``) takes it over, with a message;
+  ``force_unlock`` (``zoo compare --force-unlock``) takes it over, with a message;
 - unreadable (not what this module writes): refused unless ``force_unlock``.
 
 A takeover renames the old lock aside and checks that it renamed the lock it judged, so two commands
@@ -116,10 +116,10 @@ def _takeover_reason(lock: Path, holder: dict[str, Any] | None, force_unlock: bo
     directory = lock.parent
     if holder is None:
         if force_unlock:
-            return f"--force_unlock: replacing the unreadable lock {lock}"
+            return f"--force-unlock: replacing the unreadable lock {lock}"
         raise ExperimentLocked(
             f"{directory}: its lock {lock} is unreadable (not written by zoo compare?); if no zoo compare runs in this "
-            "experiment, rerun with --force_unlock"
+            "experiment, rerun with --force-unlock"
         )
     who = f"pid {holder['pid']} on host {holder['host']} (since {holder.get('started', '?')})"
     if holder["host"] == socket.gethostname():
@@ -130,10 +130,10 @@ def _takeover_reason(lock: Path, holder: dict[str, Any] | None, force_unlock: bo
             "end or stop it (two commands in one experiment overwrite each other's runs)"
         )
     if force_unlock:
-        return f"--force_unlock: taking over the lock of {directory} from {who}"
+        return f"--force-unlock: taking over the lock of {directory} from {who}"
     raise ExperimentLocked(
         f"{directory} is locked by {who}, which this host ({socket.gethostname()}) cannot check; if no zoo compare "
-        "runs there any more, rerun with --force_unlock"
+        "runs there any more, rerun with --force-unlock"
     )
 
 

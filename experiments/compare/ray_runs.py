@@ -1,10 +1,10 @@
 """``zoo compare --launcher ray``: one Ray task per (mechanism, options, seed) run, on this machine or a cluster.
 
-Each task asks for ``num_cpus=--run_cpus`` and ``num_gpus=--run_gpus`` and runs exactly what the local launcher
+Each task asks for ``num_cpus=--run-cpus`` and ``num_gpus=--run-gpus`` and runs exactly what the local launcher
 runs (:func:`experiments.compare.runs.attempt`), so a crash, an OOM or a timeout stays that run's and is recorded
 with its reason. Tasks are never retried by Ray (``max_retries=0``): a lost node or a killed worker is recorded
 as a failed run, and a rerun (resume) runs it again. Where the run writes: with a local Ray (no
-``--ray_address``) or ``--shared_dir`` (a folder every node mounts at the same path), straight into the
+``--ray-address``) or ``--shared-dir`` (a folder every node mounts at the same path), straight into the
 experiment directory; otherwise in a scratch folder on the worker, whose files (``run.json``, logs, TensorBoard
 events, ``config.yaml``, ``hparams.yaml``, and checkpoints up to :data:`RETURNED_CHECKPOINT_MB`) come back to the
 driver as one archive; an unfinished run's folder goes out with its task, so it continues from its checkpoint.
@@ -31,7 +31,7 @@ from experiments.ray_launcher import cancellable, connect, first_line
 
 #: ``zoo compare`` settings of the launcher (they may change when an experiment is resumed)
 LAUNCHER_SETTINGS = ("launcher", "ray_address", "run_cpus", "run_gpus", "shared_dir")
-#: checkpoints larger than this stay on the worker when a run's files are sent back (use --shared_dir)
+#: checkpoints larger than this stay on the worker when a run's files are sent back (use --shared-dir)
 RETURNED_CHECKPOINT_MB = 100
 #: environment a local Ray's tasks take from the driver (the data cache)
 FORWARDED_ENV = ("ZOO_CACHE",)

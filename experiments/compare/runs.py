@@ -345,6 +345,23 @@ def failure_reason(returncode: int, record: dict, log: Path, ended: str, timeout
     return f"exit code {returncode}; see the run's {log.name}"
 
 
+def eta_text(finished_s: list[float], remaining: int, jobs: int) -> str:
+    """The comparison's time left, for its progress bar: the mean wall time of the runs that finished now
+    (``finished_s``; runs finished earlier took no time now and are left out) times the ``remaining`` runs
+    (under way or waiting), over the runs that can go at once (``jobs``, but no more than remain). Runs under
+    way count whole, so the estimate errs long by at most a run's time; ``"ETA after the first run"`` before
+    any finished, ``""`` when none remain."""
+    if remaining <= 0:
+        return ""
+    if not finished_s:
+        return "ETA after the first run"
+    seconds = round(sum(finished_s) / len(finished_s) * remaining / min(jobs, remaining))
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    left = f"{hours} h {minutes:02d} min" if hours else (f"{minutes} min {secs:02d} s" if minutes else f"{secs} s")
+    return f"ETA {left}"
+
+
 def record_runs_at_once(run_dir: Path, at_once: int) -> None:
     """Add ``runs_at_once`` to the ``run.json`` of a run that has just trained: the most runs of the comparison
     that trained at the same time as it (itself included), under which its speed and memory were measured.

@@ -55,6 +55,7 @@ import torch
 
 from experiments.gpu import environment, grids, report, targets
 from experiments.gpu.measure import RAW_SDPA_FLASH, Workload, measure
+from experiments.subcommands import ZooArgumentParser
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the steps of a run without --steps, in their order
@@ -182,9 +183,9 @@ class Suite:
 
     def compare(self, allotted: float) -> str:
         command = [sys.executable, "-m", "experiments.cli", "compare", "--seeds", "1",
-                   "--experiment", "gpu-compare", "--runs_dir", str(self.work / "runs")]  # fmt: skip
+                   "--experiment", "gpu-compare", "--runs-dir", str(self.work / "runs")]  # fmt: skip
         if self.smoke:
-            command += ["--attentions", SMOKE_ATTENTIONS, "--fit_args", json.dumps(SMOKE_COMPARE_ARGS)]
+            command += ["--attentions", SMOKE_ATTENTIONS, "--fit-args", json.dumps(SMOKE_COMPARE_ARGS)]
         env = os.environ | {"PYTHONPATH": _pythonpath(), "ZOO_CACHE": str(self.work / "cache")}
         with open(self.out / "compare.log", "a") as log:
             status, summary = _run_logged(command, env, log, allotted, self.work)
@@ -313,8 +314,16 @@ def _note(text: str) -> None:
     print(f"zoo gpu-suite: note: {text}", file=sys.stderr)
 
 
+#: the examples of ``--help``
+EXAMPLES = (
+    "zoo gpu-suite --out gpu-results --budget-min 8",
+    "zoo gpu-suite --out smoke --smoke --steps environment,compare",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zoo gpu-suite", description=__doc__.split("\n\n")[0])
+    """The command's parser: plain help with :data:`EXAMPLES`, a usage error in one line with the closest flag."""
+    parser = ZooArgumentParser("zoo gpu-suite", __doc__.split("\n\n")[0], EXAMPLES)
     parser.add_argument("--out", required=True, type=Path, help="results folder (at most 7 files, flat)")
     parser.add_argument("--budget-min", type=float, default=8.0, help="minutes for the whole suite (default 8)")
     parser.add_argument(

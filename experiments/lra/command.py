@@ -2,10 +2,10 @@
 
     zoo lra                                                # the lite suite: configs/lra/lite.yaml
     zoo lra --scale reference --tasks listops,pathfinder --seeds 1
-    zoo lra --tasks text --data_dirs '{text: data/aclImdb}'
+    zoo lra --tasks text --data-dirs '{text: data/aclImdb}'
     zoo lra --attentions full,nystrom -- --trainer.max_steps 200
 
-The suite config (``configs/lra/<scale>.yaml``, or ``--suite_config``) names, per task, its ``zoo fit`` config,
+The suite config (``configs/lra/<scale>.yaml``, or ``--suite-config``) names, per task, its ``zoo fit`` config,
 the mechanisms' budgets (``options``, with their published sources) and whether the task needs data that cannot
 be generated (``needs_data``: where to put them). Every task runs the same mechanisms (``--attentions``, else the
 config's) with the no-attention control arm and the same seeds, through ``zoo compare``'s own entry point
@@ -14,8 +14,9 @@ paired verdicts against ``full``, resumable. Rerunning the same command resumes 
 comparison was interrupted stops the suite (rerun to resume).
 
 A task that needs data is skipped, with one line saying why and where the data go, when its config has no
-``data.data_dir`` and ``--data_dirs`` gives none; named in ``--tasks``, it runs, and ``zoo compare`` refuses it
-with the data module's own one-line error. Arguments after ``--`` go to every ``zoo fit`` of every task.
+``data.data_dir`` and ``--data-dirs`` gives none; named in ``--tasks``, it runs, and ``zoo compare`` refuses it
+with the data module's own one-line error. Arguments after ``--`` go to every ``zoo fit`` of every task;
+``--jobs N`` goes to every ``zoo compare`` (runs at once; its default, the usable cores, when left out).
 
 Outputs in ``<runs_dir>/lra-<scale>/``: each task's ``zoo compare`` outputs; ``lra.md`` and ``lra.csv`` (the
 table of :mod:`experiments.lra.table`, beside the published tables of :mod:`experiments.lra.published`); and
@@ -35,7 +36,7 @@ from typing import Any, Literal
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 
-from experiments.compare.command import CONFIGS
+from experiments.compare.command import CONFIGS, Parser
 from experiments.compare.runs import shown_path
 from experiments.compare.tensorboard_layout import layout
 from experiments.console import console
@@ -44,6 +45,11 @@ from experiments.lra import table
 Scale = Literal["lite", "reference"]
 #: the suite configs: ``configs/lra/<scale>.yaml``
 SUITES = CONFIGS / "lra"
+#: the examples of ``--help``
+EXAMPLES = (
+    "zoo lra --jobs 2",
+    "zoo lra --scale reference --tasks listops,pathfinder --seeds 1",
+)
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def read_suite(path: Path) -> Suite:
 
 
 def task_data_dir(task: Task, given: dict[str, str]) -> str | None:
-    """The data folder a task reads: ``--data_dirs``' for it, else its config's ``data.init_args.data_dir``."""
+    """The data folder a task reads: ``--data-dirs``' for it, else its config's ``data.init_args.data_dir``."""
     if task.name in given:
         return given[task.name]
     try:
@@ -146,34 +152,39 @@ def skip_reason(task: Task, given: dict[str, str]) -> str | None:
 
 def compare_arguments(
     task: Task, suite: Suite, *, attentions: str, seeds: int, runs_dir: Path, data_dir: str | None,
-    timeout: float | None, fit_extra: list[str],
+    timeout: float | None, fit_extra: list[str], jobs: int | None = None,
 ) -> list[str]:  # fmt: skip
-    """The ``zoo compare`` command line of one task of the suite."""
+    """The ``zoo compare`` command line of one task of the suite; ``jobs`` None leaves compare's ``--jobs`` default."""
     fit_args = [*task.fit_args, *(["--data.data_dir", data_dir] if data_dir else []), *fit_extra]
     arguments = [
-        "--task_config", str(task.task_config), "--experiment", task.name, "--runs_dir", str(runs_dir),
+        "--task-config", str(task.task_config), "--experiment", task.name, "--runs-dir", str(runs_dir),
         "--attentions", attentions, "--options", json.dumps(task.options), "--control", str(suite.control).lower(),
-        "--seeds", str(seeds), "--threads", str(suite.threads), "--fit_args", json.dumps(fit_args),
+        "--seeds", str(seeds), "--threads", str(suite.threads), "--fit-args", json.dumps(fit_args),
     ]  # fmt: skip
-    return arguments + (["--timeout", str(timeout)] if timeout is not None else [])
+    arguments += ["--timeout", str(timeout)] if timeout is not None else []
+    return arguments + (["--jobs", str(jobs)] if jobs is not None else [])
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="zoo lra", description=__doc__.split("\n\n")[0], exit_on_error=False)
+    parser = Parser("zoo lra", __doc__, EXAMPLES)
     parser.add_argument("--scale", type=Scale, default="lite", help="lite (CPU minutes per run) or reference")
     parser.add_argument(
-        "--suite_config", type=str | None, default=None, help="a suite config (default configs/lra/<scale>.yaml)"
+        "--suite-config", type=str | None, default=None, help="a suite config (default configs/lra/<scale>.yaml)"
     )
     parser.add_argument("--tasks", type=str | None, default=None, help="comma-separated tasks (default: every task)")
     parser.add_argument(
         "--attentions", type=str | None, default=None, help="mechanisms in the flag syntax (default: the config's)"
     )
     parser.add_argument("--seeds", type=int | None, default=None, help="seeds per mechanism (default: the config's)")
-    parser.add_argument("--runs_dir", type=str, default="runs", help="the suite goes to <runs_dir>/lra-<scale>/")
+    parser.add_argument("--runs-dir", type=str, default="runs", help="the suite goes to <runs_dir>/lra-<scale>/")
     parser.add_argument(
-        "--data_dirs", type=dict[str, str], default={}, help="task -> its data folder, e.g. {text: data/aclImdb}"
+        "--data-dirs", type=dict[str, str], default={}, help="task -> its data folder, e.g. {text: data/aclImdb}"
     )
     parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
+    parser.add_argument(
+        "--jobs", type=int | None, default=None,
+        help="runs at once in each task's zoo compare (default: compare's, the usable cores)",
+    )  # fmt: skip
     return parser
 
 
@@ -181,10 +192,11 @@ def main(argv: list[str]) -> int:
     """``zoo lra``; a refused setting is one ``zoo lra: error:`` line, exit code 2."""
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     out = console()
+    parser = build_parser()
     try:
-        config = build_parser().parse_args(own)
+        config = parser.parse_args(own)
     except ArgumentError as error:
-        print(f"zoo lra: error: {str(error).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"zoo lra: error: {parser.one_line(str(error).strip())}", file=sys.stderr)
         return 2
     path = Path(config.suite_config) if config.suite_config else SUITES / f"{config.scale}.yaml"
     try:
@@ -197,6 +209,8 @@ def main(argv: list[str]) -> int:
             )
         if config.seeds is not None and config.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {config.seeds}")
+        if config.jobs is not None and config.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1 (runs at once), got {config.jobs}")
     except ValueError as error:
         print(f"zoo lra: error: {error}", file=sys.stderr)
         return 2
@@ -227,6 +241,7 @@ def run_suite(suite: Suite, config: Any, named: list[str], fit_extra: list[str],
         arguments = compare_arguments(
             task, suite, attentions=attentions, seeds=seeds, runs_dir=directory,
             data_dir=config.data_dirs.get(task.name), timeout=config.timeout, fit_extra=fit_extra,
+            jobs=config.jobs,
         )  # fmt: skip
         codes[task.name] = compare.main(arguments)
         if codes[task.name] == 130:  # interrupted: the rest waits for the rerun that resumes

@@ -284,9 +284,9 @@ def test_compare_end_to_end_with_seeds_a_failure_an_interruption_and_a_resume(tm
 def test_ctrl_c_stops_cleanly_writes_the_summary_and_a_rerun_resumes(tmp_path):
     env = os.environ | {"ZOO_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
     command = [
-        sys.executable, "-m", "experiments.cli", "compare", "--task_config", str(ROOT / "configs" / "recall.yaml"),
-        "--attentions", "full,local:window=8", "--runs_dir", str(tmp_path / "runs"), "--experiment", "sigint",
-        "--jobs", "1", "--fit_args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
+        sys.executable, "-m", "experiments.cli", "compare", "--task-config", str(ROOT / "configs" / "recall.yaml"),
+        "--attentions", "full,local:window=8", "--runs-dir", str(tmp_path / "runs"), "--experiment", "sigint",
+        "--jobs", "1", "--fit-args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
                                   "--data.train_size=256", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
                                   "--trainer.max_steps=400", "--trainer.val_check_interval=100"]),
     ]  # fmt: skip
@@ -327,9 +327,9 @@ def test_compare_with_test_adds_each_runs_test_metrics(tmp_path):
                 "--data.val_size=16", "--data.test_size=16", "--data.batch_size=8", "--model.dim=16",
                 "--model.depth=1", "--trainer.max_steps=2", "--trainer.val_check_interval=2"]  # fmt: skip
     command = [
-        sys.executable, "-m", "experiments.cli", "compare", "--task_config", str(ROOT / "configs" / "recall.yaml"),
-        "--attentions", "full", "--runs_dir", str(tmp_path / "runs"), "--experiment", "tested", "--test", "true",
-        "--fit_args", json.dumps(fit_args),
+        sys.executable, "-m", "experiments.cli", "compare", "--task-config", str(ROOT / "configs" / "recall.yaml"),
+        "--attentions", "full", "--runs-dir", str(tmp_path / "runs"), "--experiment", "tested", "--test", "true",
+        "--fit-args", json.dumps(fit_args),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -359,7 +359,7 @@ def test_summaries_name_the_task_config_relative_to_the_working_directory(tmp_pa
     ],
 )
 def test_bad_settings_stop_the_comparison_before_anything_runs(tmp_path, capsys, args, expected):
-    assert compare.main([*args, "--runs_dir", str(tmp_path / "runs")]) == 2
+    assert compare.main([*args, "--runs-dir", str(tmp_path / "runs")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("zoo compare: error: ") and expected in line
     assert not (tmp_path / "runs").exists()

@@ -67,7 +67,7 @@ def run_locally(runs: list[Run], directory: Path, jobs: int, stop: threading.Eve
 
 @pytest.mark.parametrize("jobs", ["0", "-2"])
 def test_jobs_below_one_is_refused_in_one_line_before_anything_runs(jobs, tmp_path, capsys):
-    assert compare.main(["--jobs", jobs, "--runs_dir", str(tmp_path / "runs")]) == 2
+    assert compare.main(["--jobs", jobs, "--runs-dir", str(tmp_path / "runs")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("zoo compare: error: --jobs must be >= 1 (runs at once; ") and line.endswith(f"got {jobs}")
     assert not (tmp_path / "runs").exists()
@@ -130,8 +130,8 @@ def test_stopping_interrupts_the_runs_under_way_and_starts_no_other(tmp_path, mo
 @pytest.mark.slow
 def test_accuracies_do_not_depend_on_the_number_of_runs_at_once(tmp_path):
     """Two runs one after another, then the same two side by side: the same accuracies, bit for bit."""
-    args = ["--task_config", RECALL, "--attentions", "full,local:window=8", "--runs_dir", str(tmp_path / "runs"),
-            "--fit_args", json.dumps(fit_args(max_steps=2))]  # fmt: skip
+    args = ["--task-config", RECALL, "--attentions", "full,local:window=8", "--runs-dir", str(tmp_path / "runs"),
+            "--fit-args", json.dumps(fit_args(max_steps=2))]  # fmt: skip
     zoo = compare_command(tmp_path / "cache", ROOT, *args)
     alone = runs_of(zoo("--experiment", "alone", "--jobs", "1"), tmp_path / "runs" / "alone")
     together = runs_of(zoo("--experiment", "together", "--jobs", "2"), tmp_path / "runs" / "together")

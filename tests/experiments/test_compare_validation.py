@@ -91,7 +91,7 @@ def test_help_and_print_config_show_the_defaults_of_the_bare_command(flag, capsy
 
 def test_with_a_task_config_print_config_shows_the_parsers_own_defaults(capsys):
     with pytest.raises(SystemExit):
-        compare.main(["--task_config", RECALL, "--print_config"])
+        compare.main(["--task-config", RECALL, "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
     assert (printed["seeds"], printed["attentions"], printed["experiment"], printed["options"]) == (1, None, None, {})
 
@@ -141,8 +141,8 @@ def test_at_120_columns_the_table_keeps_throughput_and_memory_flagged_as_measure
 @pytest.mark.slow
 def test_a_comparison_too_short_to_validate_says_so(tmp_path):
     """One run of 1 step, validated every 2: the console and summary.md warn, runs.csv says validated no."""
-    args = ["--task_config", RECALL, "--attentions", "full", "--runs_dir", str(tmp_path / "runs"), "--experiment",
-            "short", "--jobs", "1", "--fit_args", json.dumps(fit_args(max_steps=1))]  # fmt: skip
+    args = ["--task-config", RECALL, "--attentions", "full", "--runs-dir", str(tmp_path / "runs"), "--experiment",
+            "short", "--jobs", "1", "--fit-args", json.dumps(fit_args(max_steps=1))]  # fmt: skip
     result = compare_command(tmp_path / "cache", ROOT, *args)()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "full/seed-0: ok, validation never ran," in result.stdout

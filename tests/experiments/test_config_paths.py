@@ -1,4 +1,4 @@
-"""Configs by name from any folder (experiments/config_paths.py): ``-c recall`` and ``-c configs/recall.yaml`` read
+"""Configs by name from any folder (tasks/config_paths.py): ``-c recall`` and ``-c configs/recall.yaml`` read
 the packaged config where the working folder has no such file; a file there wins; a name of no config is one line."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.config_paths import ConfigNotFoundError, resolve_config
+from tasks.config_paths import ConfigNotFoundError, resolve_config
 
 #: the repository's configs/, read here directly (not through the package's lookup under test)
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"

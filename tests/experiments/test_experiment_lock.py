@@ -1,5 +1,5 @@
 """The experiment lock of ``zoo compare`` (``experiments/compare/lock.py``): one command per experiment
-folder, stale locks of dead processes taken over, locks of other hosts only with ``--force_unlock``."""
+folder, stale locks of dead processes taken over, locks of other hosts only with ``--force-unlock``."""
 
 from __future__ import annotations
 
@@ -66,11 +66,11 @@ def test_a_lock_left_by_a_process_that_no_longer_runs_is_taken_over_with_a_messa
 
 def test_a_lock_of_another_host_is_taken_over_only_with_force_unlock(tmp_path):
     write_lock(tmp_path, host="elsewhere", pid=dead_pid())
-    with pytest.raises(ExperimentLocked, match="locked by pid .* on host elsewhere .*rerun with --force_unlock"):
+    with pytest.raises(ExperimentLocked, match="locked by pid .* on host elsewhere .*rerun with --force-unlock"):
         acquire(tmp_path, say=pytest.fail)
     messages = []
     token = acquire(tmp_path, force_unlock=True, say=messages.append)
-    assert len(messages) == 1 and "--force_unlock: taking over" in messages[0] and "elsewhere" in messages[0]
+    assert len(messages) == 1 and "--force-unlock: taking over" in messages[0] and "elsewhere" in messages[0]
     release(tmp_path, token)
     (tmp_path / LOCK_NAME).write_text("garbage")
     with pytest.raises(ExperimentLocked, match="unreadable"):
@@ -89,9 +89,9 @@ def test_release_leaves_a_lock_it_no_longer_owns(tmp_path):
 def test_two_zoo_compare_commands_into_one_experiment(tmp_path, capsys):
     """The second command stops with one error line and touches nothing; --force_unlock is a compare flag."""
     args = [
-        "--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full",
-        "--runs_dir", str(tmp_path / "runs"), "--experiment", "shared",
-        "--fit_args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
+        "--task-config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full",
+        "--runs-dir", str(tmp_path / "runs"), "--experiment", "shared",
+        "--fit-args", json.dumps(["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=32",
                                   "--data.train_size=256", "--data.batch_size=8", "--model.dim=16", "--model.depth=1",
                                   "--trainer.max_steps=2000", "--trainer.val_check_interval=1000"]),
     ]  # fmt: skip
@@ -107,7 +107,7 @@ def test_two_zoo_compare_commands_into_one_experiment(tmp_path, capsys):
             time.sleep(0.1)
         assert (experiment / LOCK_NAME).exists(), "the first command took no lock"
         saved = (experiment / "compare.yaml").read_text()
-        assert compare.main([*args, "--force_unlock", "false"]) == 2
+        assert compare.main([*args, "--force-unlock", "false"]) == 2
         error = capsys.readouterr().err.strip()
         assert error.startswith("zoo compare: error: ") and "\n" not in error
         assert f"in use by another zoo compare, pid {first.pid} on host" in error

@@ -33,7 +33,7 @@ from tests.experiments.tiny_recall import RECALL, ROOT, compare_command, fit_arg
 
 TINY_FIT_ARGS = fit_args(max_steps=2)
 #: a fit argument every entry fails on: a setting the comparison refuses first never reaches the entries' check
-UNBUILDABLE = ["--fit_args", json.dumps(["--trainer.no_such_option=1"])]
+UNBUILDABLE = ["--fit-args", json.dumps(["--trainer.no_such_option=1"])]
 
 
 def refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -65,13 +65,13 @@ def test_an_experiment_named_beyond_the_basic_multilingual_plane_reaches_zoo_fit
 
 
 def test_seeds_past_the_largest_a_run_takes_are_refused(tmp_path, capsys):
-    line = refusal(capsys, ["--seed", str(2**32 - 1), "--seeds", "2", "--runs_dir", str(tmp_path), *UNBUILDABLE])
+    line = refusal(capsys, ["--seed", str(2**32 - 1), "--seeds", "2", "--runs-dir", str(tmp_path), *UNBUILDABLE])
     assert "goes past 4294967295" in line
     assert compare.build_parser().parse_args(["--seed", str(2**32 - 1)]).seed == 2**32 - 1  # the largest is fine
 
 
 def test_a_reference_that_is_none_of_the_entries_is_refused_before_anything_runs(tmp_path, capsys):
-    argv = ["--task_config", RECALL, "--attentions", "full,local:window=8", "--runs_dir", str(tmp_path / "runs")]
+    argv = ["--task-config", RECALL, "--attentions", "full,local:window=8", "--runs-dir", str(tmp_path / "runs")]
     line = refusal(capsys, [*argv, "--reference", "nosuch", *UNBUILDABLE])
     assert "--reference 'nosuch' is none of the entries; choose one of full, local" in line
     assert not (tmp_path / "runs").exists()
@@ -82,7 +82,7 @@ def test_a_reference_that_is_none_of_the_entries_is_refused_before_anything_runs
 
 
 def test_a_metric_that_is_no_metric_column_is_refused_before_anything_runs(tmp_path, capsys):
-    line = refusal(capsys, ["--task_config", RECALL, "--metric", "acc", "--runs_dir", str(tmp_path), *UNBUILDABLE])
+    line = refusal(capsys, ["--task-config", RECALL, "--metric", "acc", "--runs-dir", str(tmp_path), *UNBUILDABLE])
     assert "--metric 'acc' is no metric column" in line and "val_<name>" in line
     assert all(compare.metric_name_problem(m) is None for m in (None, "val_acc_typo", "test_bleu", "tokens_per_s"))
 
@@ -176,8 +176,8 @@ def test_a_broken_run_restarts_alone_and_no_file_names_a_machine_path(tmp_path):
     the control arm and zoo test; its files name no machine path. A run with a truncated checkpoint and a corrupt
     run.json then trains anew with --restart while the control's run stays as it was; an unlogged --metric stops
     the next command at the first finished run, before the runs of a new seed."""
-    args = ["--task_config", RECALL, "--experiment", "snake🐍", "--attentions", "full", "--control", "--test", "true"]
-    zoo = compare_command(tmp_path / "cache", tmp_path, *args, "--fit_args", json.dumps(TINY_FIT_ARGS))
+    args = ["--task-config", RECALL, "--experiment", "snake🐍", "--attentions", "full", "--control", "--test", "true"]
+    zoo = compare_command(tmp_path / "cache", tmp_path, *args, "--fit-args", json.dumps(TINY_FIT_ARGS))
     experiment = tmp_path / "runs" / "snake🐍"
     result = zoo()
     rows = runs_of(result, experiment)

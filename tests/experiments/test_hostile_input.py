@@ -634,8 +634,8 @@ COMPARE_FIT = ["--data.seq_len=32", "--data.num_kv_pairs=4", "--data.vocab_size=
 
 
 def compare_args(runs: Path, attentions: str, experiment: str) -> list[str]:
-    return ["compare", "--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", attentions,
-            "--runs_dir", str(runs), "--experiment", experiment, "--fit_args", json.dumps(COMPARE_FIT)]  # fmt: skip
+    return ["compare", "--task-config", str(ROOT / "configs" / "recall.yaml"), "--attentions", attentions,
+            "--runs-dir", str(runs), "--experiment", experiment, "--fit-args", json.dumps(COMPARE_FIT)]  # fmt: skip
 
 
 def test_compare_refuses_every_bad_entry_before_anything_runs(tmp_path):
@@ -655,7 +655,7 @@ def test_compare_experiment_must_be_a_plain_folder_name(name, tmp_path):
     runs = tmp_path / "runs"
     result = zoo(compare_args(runs, "full", name), tmp_path / "cache")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert f"--experiment {name!r} must be a plain folder name" in result.stderr and "--runs_dir" in result.stderr
+    assert f"--experiment {name!r} must be a plain folder name" in result.stderr and "--runs-dir" in result.stderr
     assert not runs.exists() and not (tmp_path / "x").exists()  # nothing written, inside runs/ or outside it
 
 
@@ -669,7 +669,7 @@ def test_compare_experiment_must_be_a_plain_folder_name(name, tmp_path):
          "full message)"),
         (["--seeds", "abc"], "--seeds abc: expected int (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
         (["--seed", "-1"], "--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got -1"),
-        (["--task_config", "/nowhere/missing.yaml"], "--task_config: Not of type Path_fr: File does not exist: "
+        (["--task-config", "/nowhere/missing.yaml"], "--task-config: Not of type Path_fr: File does not exist: "
          "'/nowhere/missing.yaml' (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
         (["--bench", "."], "--bench: . has no results.jsonl: not a zoo bench --out folder"),
     ],
@@ -679,16 +679,16 @@ def test_compare_refusals_are_one_line_before_anything_runs(args, expected, tmp_
     """Through ``--`` to every ``zoo fit`` (each entry built as its run's config, one line for the entries that
     fail the same way) or in its own flags: one line, as ``zoo fit`` gives it, and nothing written."""
     monkeypatch.chdir(tmp_path)
-    own = ["--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full,local:window=8"]
+    own = ["--task-config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full,local:window=8"]
     own += ["--timeout", "1"]  # should a refusal come too late, the runs it lets start stop at once
-    assert compare.main([*own, "--runs_dir", str(tmp_path / "runs"), *args]) == 2
+    assert compare.main([*own, "--runs-dir", str(tmp_path / "runs"), *args]) == 2
     assert capsys.readouterr().err == f"zoo compare: error: {expected}\n"
     assert not (tmp_path / "runs").exists()
 
 
 def test_compare_verbose_prints_the_parsers_full_message_first(tmp_path, capsys):
-    own = ["--task_config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full"]
-    assert compare.main([*own, "--runs_dir", str(tmp_path / "runs"), "--verbose", "--", "--model.dim", "abc"]) == 2
+    own = ["--task-config", str(ROOT / "configs" / "recall.yaml"), "--attentions", "full"]
+    assert compare.main([*own, "--runs-dir", str(tmp_path / "runs"), "--verbose", "--", "--model.dim", "abc"]) == 2
     error = capsys.readouterr().err
     assert error.endswith("zoo compare: error: 1 of 1 entry cannot be built, nothing was run (full): --model.dim abc: "
                           "expected int\n")  # fmt: skip

@@ -139,7 +139,7 @@ def tiny_suite(tmp_path: Path) -> Path:
 
 def test_tiny_suite_writes_the_table_then_resumes_without_rerunning(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    argv = ["--suite_config", str(tiny_suite(tmp_path)), "--runs_dir", str(tmp_path / "runs")]
+    argv = ["--suite-config", str(tiny_suite(tmp_path)), "--runs-dir", str(tmp_path / "runs")]
     assert command.main(argv) == 0
     printed = capsys.readouterr().out
     # configs/text.yaml names data/aclImdb, which is not here
@@ -159,7 +159,7 @@ def test_tiny_suite_writes_the_table_then_resumes_without_rerunning(tmp_path, ca
 
 
 def test_a_named_task_without_data_fails_with_its_own_error_and_unknown_tasks_are_refused(tmp_path, capsys):
-    argv = ["--suite_config", str(tiny_suite(tmp_path)), "--runs_dir", str(tmp_path / "runs")]
+    argv = ["--suite-config", str(tiny_suite(tmp_path)), "--runs-dir", str(tmp_path / "runs")]
     assert command.main([*argv, "--tasks", "text"]) == 2
     error = capsys.readouterr().err
     assert "zoo compare: error:" in error and "data_dir" in error

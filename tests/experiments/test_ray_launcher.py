@@ -32,8 +32,8 @@ TINY_BENCH += ["--repeats", "2", "--device", "cpu"]
 
 def compare_argv(runs: Path, experiment: str, attentions: str = "full,local:window=8", seeds: int = 2) -> list[str]:
     return [
-        "compare", "--task_config", RECALL, "--attentions", attentions, "--seeds", str(seeds),
-        "--runs_dir", str(runs), "--experiment", experiment, "--fit_args", json.dumps(TINY_FIT_ARGS),
+        "compare", "--task-config", RECALL, "--attentions", attentions, "--seeds", str(seeds),
+        "--runs-dir", str(runs), "--experiment", experiment, "--fit-args", json.dumps(TINY_FIT_ARGS),
     ]  # fmt: skip
 
 
@@ -57,7 +57,7 @@ def test_launcher_ray_without_ray_is_one_line_naming_the_extra(tmp_path, monkeyp
 
 def test_ray_settings_without_launcher_ray_are_refused(tmp_path, capsys):
     assert cli.main([*compare_argv(tmp_path / "runs", "x"), "--ray-address", "auto"]) == 2
-    assert capsys.readouterr().err == "zoo compare: error: --ray_address go with --launcher ray\n"
+    assert capsys.readouterr().err == "zoo compare: error: --ray-address go with --launcher ray\n"
     assert cli.main([*TINY_BENCH, "--out", str(tmp_path / "bench"), "--run-cpus", "2"]) == 2
     assert "go with --launcher ray" in capsys.readouterr().err
 
@@ -128,7 +128,7 @@ def test_ray_resume_runs_only_the_missing_runs_and_records_a_crash(ray_cluster, 
     """A cluster address (here the module's Ray, as 'auto'): each run's files come back to the driver. Then an
     interruption is simulated: one run never happened, one died leaving a damaged checkpoint and no result."""
     runs = tmp_path / "runs"
-    argv = [*compare_argv(runs, "resume", "full", seeds=3), "--launcher", "ray", "--ray_address", "auto"]
+    argv = [*compare_argv(runs, "resume", "full", seeds=3), "--launcher", "ray", "--ray-address", "auto"]
     assert cli.main(argv) == 0
     assert "run files come back to this machine" in capsys.readouterr().out
     experiment = runs / "resume"

@@ -1,5 +1,5 @@
 """Configs by name from any folder: ``zoo fit -c recall``, ``zoo fit -c configs/recall.yaml`` and
-``zoo compare --task_config configs/listops.yaml`` mean the same file wherever they are run.
+``zoo compare --task-config configs/listops.yaml`` mean the same file wherever they are run.
 
 A file that exists where the command runs always wins (a local edit of a config, or a config of one's own); only
 a path that names no file here is looked up among the configs installed with the package (``configs/`` of the
@@ -11,11 +11,12 @@ one error line with the closest packaged names.
 from __future__ import annotations
 
 import difflib
-from importlib import resources
 from pathlib import Path, PurePosixPath
 
 #: the packaged configs' folder name, which a path written from the repository root starts with
 FOLDER = "configs"
+#: where the configs are installed, relative to the folder holding this package: a path, read as files only
+PACKAGE_DATA = f"experiments/{FOLDER}"
 #: a config's file suffix, which a name may leave out
 SUFFIX = ".yaml"
 
@@ -25,8 +26,10 @@ class ConfigNotFoundError(FileNotFoundError):
 
 
 def packaged_configs() -> Path:
-    """The folder of the configs installed with the package (every ``*.yaml`` of ``configs/``)."""
-    return Path(str(resources.files("experiments") / FOLDER))
+    """The folder of the configs installed with the package (every ``*.yaml`` of ``configs/``): the ``experiments``
+    package's package data, beside this package in a checkout and in site-packages alike (found by path: ``tasks``
+    never imports ``experiments``)."""
+    return Path(__file__).resolve().parent.parent / PACKAGE_DATA
 
 
 def packaged_names() -> list[str]:
