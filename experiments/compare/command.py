@@ -41,7 +41,8 @@ so a run does not pay those imports. Outputs, in ``<runs_dir>/<experiment>/``: o
 and seed (``<label>/seed-<s>``) and a Custom Scalars layout with one chart per metric; ``runs.csv``,
 ``summary.csv``, ``summary.md``, ``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved
 ``compare.yaml``. With ``--bench DIR`` (a ``zoo bench --out`` folder) it also writes ``zoo report``'s Pareto plot
-and length table.
+and length table; else with ``long_n`` (the default config's [1024, 4096]) it ends with ``zoo bench`` of the same
+mechanisms at those n into ``bench/`` and joins accuracy, time and memory (:mod:`experiments.compare.axes`).
 
 ``--test`` also runs ``zoo test`` on each run's ``last.ckpt`` once it is fitted (translation: test BLEU with
 beam search, chrF, decoding speed); the test metrics join the run's row (``test_*`` columns).
@@ -147,8 +148,8 @@ CONFIGS = Path(str(resources.files("experiments") / "configs"))
 DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
-    "seeds", "timeout", "fresh", "bench", "config", "metric", "reference", "margin", "test", "force_unlock", "jobs",
-    *LAUNCHER_SETTINGS,
+    "seeds", "timeout", "fresh", "bench", "long_n", "config", "metric", "reference", "margin", "test", "force_unlock",
+    "jobs", *LAUNCHER_SETTINGS,
 )  # fmt: skip
 #: paths of compare.yaml that name one place however they are written (relative or not)
 PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
@@ -260,6 +261,12 @@ def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
         "reference's)",
     )  # fmt: skip
     parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
+    parser.add_argument(
+        "--long-n", type=list[int] | None, default=None,
+        help="after the runs, time the same mechanisms with zoo bench at these n (core, fwd+bwd, one thread) into "
+        "<experiment>/bench/ and join accuracy, time and memory in one table (experiments/compare/axes.py; "
+        "null: no benchmark)",
+    )  # fmt: skip
     parser.add_argument("--fresh", type=bool, default=False, help="never resume: use a new experiment directory")
     parser.add_argument(
         "--test", type=bool, default=False, help="after each fit, zoo test its last.ckpt (test metrics join the run)"
@@ -721,6 +728,12 @@ def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, v
             written += f", {report.name}, pareto.png"
         except ValueError as error:  # e.g. no finished full run to compare with: the comparison's files stand
             print(f"zoo compare: warning: no zoo report: {error}", file=sys.stderr)
+    elif config.long_n and not stop.is_set():  # an interrupted comparison is not timed
+        from experiments.compare.axes import long_n_axes
+
+        joined = long_n_axes(directory, [e.spec for e in entries], config.long_n, metric=metric, reference=reference,
+                             margin=config.margin, say=lambda line: print(line, file=sys.stderr))  # fmt: skip
+        written += "".join(f", {name}" for name in joined)
     out.print(f"wrote {directory}/ {written}; curves: tensorboard --logdir {directory}")
     if stop.is_set():
         out.print(f"[yellow]interrupted[/]: rerun the same command to resume {directory}")

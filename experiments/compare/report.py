@@ -8,7 +8,7 @@ Writes into the compare experiment's folder:
 - ``pareto.png``: the primary metric (mean ± 95% interval over seeds) against the speedup over full
   attention in the same training runs (mean tokens/s of the mechanism / mean tokens/s of ``full``), marker
   area proportional to the memory training added; the Pareto front (no other mechanism is both faster
-  and better; a mechanism whose verdict is ``worse`` is never on it) is drawn.
+  and better; a mechanism whose verdict is ``worse`` or ``not validated`` is never on it) is drawn.
 - ``report.md``: the same numbers as a table, then "which mechanism at which length": for every length
   the bench measured, the mechanisms that are faster than full attention there (bench speedup, the
   median time of full / the mechanism's, at the bench's mode and dtype) with what they gave up on the
@@ -56,6 +56,8 @@ TEXT_COLUMNS = ("mechanism", "attention", "options", "options_from", "status", "
 #: the statuses zoo compare gives a run
 RUN_STATUSES = ("ok", "failed", "interrupted", "not run")
 #: the fields of a bench timing the report reads, with what each must be
+#: verdicts that keep a mechanism off the Pareto front however fast it is: accuracy lost, or never validated
+OFF_FRONT = ("worse", "not validated")
 TIMING_FIELDS = {"attention": str, "options": dict, "seq_len": int, "mode": str, "dtype": str, "level": str,
                  "time_ms_median": float}  # fmt: skip
 
@@ -270,10 +272,10 @@ def write_report(
 
 def pareto_front(points: list[dict[str, Any]], lower_better: bool) -> list[dict[str, Any]]:
     """Points no other point beats on both speedup and metric (ties on one axis, better on the other), among those
-    the verdict does not call ``worse``: speed bought with accuracy the rule says is lost is no trade-off to offer
-    (the no-attention control would otherwise sit on the front for being fast)."""
+    whose verdict is none of :data:`OFF_FRONT`: speed bought with accuracy the rule says is lost, or never checked,
+    is no trade-off to offer (the no-attention control would otherwise sit on the front for being fast)."""
     value = (lambda p: -p["metric"].mean) if lower_better else (lambda p: p["metric"].mean)
-    candidates = [p for p in points if p["summary"]["verdict"] != "worse"]
+    candidates = [p for p in points if p["summary"]["verdict"] not in OFF_FRONT]
     front = []
     for p in candidates:
         dominated = any(
