@@ -111,9 +111,12 @@ def test_a_failed_benchmark_keeps_the_summary(experiment):
     assert not (directory / axes.PLOT).exists() and not (directory / "report.md").exists()
 
 
-def test_the_benchmark_times_the_default_kernel_not_impl():
-    spec = axes.AttentionSpec("local", {"window": 32, "impl": "dense"})
-    assert axes.bench_spec(spec) == axes.AttentionSpec("local", {"window": 32})
+def test_the_benchmark_times_the_default_budget_and_kernel_not_the_comparisons():
+    from experiments.bench.command import default_attentions
+
+    expected = next(spec for spec in default_attentions() if spec.name == "moba")
+    assert axes.bench_spec(axes.AttentionSpec("moba", {"block_size": 2, "top_k": 16, "impl": "dense"})) == expected
+    assert "impl" not in expected.options and expected.options.get("block_size") != 2
 
 
 def test_the_tiniest_compare_ends_with_the_joined_table(tmp_path):
