@@ -41,7 +41,9 @@ from torch import Tensor, nn
 
 from attention_zoo import packing
 
-Approximation = Literal["none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing"]
+Approximation = Literal[
+    "none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing", "recurrent state"
+]
 APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 
 #: what a core declares in its class statement (``class C(AttentionCore, supports_causal=False)``); each is a class
@@ -49,6 +51,7 @@ APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 CAPABILITIES: tuple[str, ...] = (
     "approximation",
     "supports_causal",
+    "causal_only",
     "supports_mask",
     "supports_cross_attention",
     "needs_shared_qk",
@@ -133,6 +136,8 @@ class AttentionCore(nn.Module):
     #: registry name, set by :func:`attention_zoo.register_attention`
     name: ClassVar[str] = ""
     supports_causal: ClassVar[bool] = True
+    #: defined over the past only (a recurrence, a selection among earlier blocks): refuses ``causal=False``
+    causal_only: ClassVar[bool] = False
     supports_mask: ClassVar[bool] = True
     supports_cross_attention: ClassVar[bool] = True
     #: the multi-head block must use one projection for queries and keys (Reformer's shared-QK)
@@ -142,7 +147,8 @@ class AttentionCore(nn.Module):
     #: what the core computes in place of softmax over every key (``zoo list``, column ``approximation``):
     #: ``"none"`` (it is full attention), ``"fixed sparsity"`` (exact softmax over a fixed pattern of keys),
     #: ``"content-selected sparsity"`` (exact softmax over keys its own scores select), ``"low rank"``,
-    #: ``"kernel"`` (a feature map in place of exp), ``"hashing"`` (softmax over keys that share a hash bucket).
+    #: ``"kernel"`` (a feature map in place of exp), ``"hashing"`` (softmax over keys that share a hash bucket),
+    #: ``"recurrent state"`` (no softmax: a fixed-size state updated position by position, e.g. a delta rule).
     #: Every registered core declares it (``register_attention`` checks).
     approximation: ClassVar[Approximation]
     #: small option sets (for n of a few dozen tokens, ``max_seq_len=64``) under which the
@@ -421,6 +427,8 @@ class AttentionCore(nn.Module):
             raise ValueError(f"{name}: q, k, v and mask must be on one device; got {', '.join(map(str, devices))}")
         if causal and not self.supports_causal:
             raise ValueError(f"{name} does not support causal=True. {self.causal_alternative()}")
+        if not causal and self.causal_only:
+            raise ValueError(f"{name} is causal only: call it with causal=True (it has no bidirectional form)")
         if nq != nk and not self.supports_cross_attention:
             raise ValueError(
                 f"{name} supports self-attention only (Nq == Nk); got Nq={nq}, Nk={nk}. "

@@ -71,6 +71,12 @@ class MultiHeadAttention(nn.Module):
         cls = get_attention_class(attention)
         if causal and not cls.supports_causal:
             raise ValueError(f"attention {attention!r} does not support causal attention. {cls.causal_alternative()}")
+        if not causal and cls.causal_only:
+            raise ValueError(
+                f"attention {attention!r} is causal only: use it where attention is causal (a decoder, a causal "
+                "language model, a task run with causal: true); bidirectional cores: "
+                + ", ".join(_bidirectional_cores())
+            )
         if cross_attention and not cls.supports_cross_attention:
             raise ValueError(
                 f"attention {attention!r} does not support cross-attention; cores that do: " + ", ".join(_cross_cores())
@@ -174,6 +180,12 @@ class MultiHeadAttention(nn.Module):
 
     def _merge(self, out: Tensor) -> Tensor:
         return self.dropout(self.to_out(rearrange(out, "b h n d -> b n (h d)")))
+
+
+def _bidirectional_cores() -> list[str]:
+    from attention_zoo.registry import list_attentions
+
+    return list_attentions(causal_only=False)
 
 
 def _cross_cores() -> list[str]:

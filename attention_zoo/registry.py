@@ -75,6 +75,7 @@ def register_attention(name: str) -> Callable[[CoreT], CoreT]:
 #: the filters of :func:`list_attentions` and the capability each one reads
 CAPABILITY_FILTERS = {
     "causal": "supports_causal",
+    "causal_only": "causal_only",
     "mask": "supports_mask",
     "cross": "supports_cross_attention",
     "decoding": "has_decoding_cache",
@@ -87,6 +88,7 @@ CAPABILITY_FILTERS = {
 def list_attentions(
     *,
     causal: bool | None = None,
+    causal_only: bool | None = None,
     mask: bool | None = None,
     cross: bool | None = None,
     decoding: bool | None = None,
@@ -95,12 +97,13 @@ def list_attentions(
     segments: bool | None = None,
 ) -> list[str]:
     """Registered mechanism names, sorted; each filter given (not None) keeps the mechanisms whose capability has
-    that value (as timm's ``list_models(filter=...)``): ``causal`` reads ``supports_causal``, ``mask``
+    that value (as timm's ``list_models(filter=...)``): ``causal`` reads ``supports_causal``, ``causal_only``
+    the attribute of that name (cores that refuse ``causal=False``), ``mask``
     ``supports_mask``, ``cross`` ``supports_cross_attention``, ``decoding`` ``has_decoding_cache`` (a step-by-step
     cache of its own; every causal core can decode by recomputing), ``double_backward`` ``supports_double_backward``,
     ``position_free_queries`` the attribute of that name, ``segments`` ``supports_segments`` (packed rows).
     ``list_attentions(causal=True, decoding=False)``: the causal cores that decode by recomputation."""
-    given = (("causal", causal), ("mask", mask), ("cross", cross), ("decoding", decoding),
+    given = (("causal", causal), ("causal_only", causal_only), ("mask", mask), ("cross", cross), ("decoding", decoding),
              ("double_backward", double_backward), ("position_free_queries", position_free_queries),
              ("segments", segments))  # fmt: skip
     for name, value in given:

@@ -106,7 +106,9 @@ class BenchConfig:
     dtypes: list[str] = setting(f"{', '.join(DTYPES)}", ["float32"])
     threads: list[int] = setting("torch CPU threads (1: these machines throttle a second busy thread)", [1])
     device: str = setting("cpu, cuda or auto", "auto")
-    causal: bool = setting("causal attention (cores without it are recorded unsupported)", False)
+    causal: bool = setting(
+        "causal attention (cores without it are recorded unsupported, and so are causal-only cores without this)", False
+    )
     dim: int | None = setting("model width for mha/layer/encoder (default heads * dim_head)", None)
     depth: int = setting("encoder layers (seq2seq: encoder and decoder layers each)", 12)
     ff_mult: int = setting("feed-forward width multiple", 4)

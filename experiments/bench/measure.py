@@ -161,9 +161,13 @@ def decode_step(case: Case, device: torch.device, dtype: torch.dtype) -> Callabl
     state already holds n positions; every call advances the state by that many positions."""
     # b: batch, h: heads, n: positions, d: head dim
     b, n, shape = case.batch, case.seq_len, (case.batch, case.heads, 1, case.dim_head)
-    core = az.create_attention(
-        case.attention, dim_head=case.dim_head, heads=case.heads, max_seq_len=n + DECODE_STEP_ROOM, **case.options
-    ).to(device=device, dtype=dtype).eval()
+    core = (
+        az.create_attention(
+            case.attention, dim_head=case.dim_head, heads=case.heads, max_seq_len=n + DECODE_STEP_ROOM, **case.options
+        )
+        .to(device=device, dtype=dtype)
+        .eval()
+    )
     state = core.start_decoding()
     with torch.inference_mode():
         prefix = [torch.randn(b, case.heads, n, case.dim_head, device=device, dtype=dtype) for _ in range(3)]
@@ -319,16 +323,19 @@ def apply_memory_budget(device: str, budget_bytes: int | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def worker_main() -> int:
-    """Job on stdin: ``{"case": {...}, "repeats", "warmup", "memory_budget_bytes"}`` or
-    ``{"peak": {"device", "dtype", "threads"}}``; one ``BENCH_RESULT {...}`` line on stdout."""
-    job = json.loads(sys.stdin.read())
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """A worker's job: ``{"case": {...}, "repeats", "warmup", "memory_budget_bytes"}`` or
+    ``{"peak": {"device", "dtype", "threads"}}``; its result."""
     if "peak" in job:
-        result: dict[str, Any] = {"peak_tflops": measure_peak_tflops(**job["peak"])}
-    else:
-        case = Case(**job["case"])
-        apply_memory_budget(case.device, job.get("memory_budget_bytes"))
-        result = measure_case(case, repeats=job["repeats"], warmup=job["warmup"])
+        return {"peak_tflops": measure_peak_tflops(**job["peak"])}
+    case = Case(**job["case"])
+    apply_memory_budget(case.device, job.get("memory_budget_bytes"))
+    return measure_case(case, repeats=job["repeats"], warmup=job["warmup"])
+
+
+def worker_main() -> int:
+    """The job (:func:`run_job`) on stdin; one ``BENCH_RESULT {...}`` line on stdout."""
+    result = run_job(json.loads(sys.stdin.read()))
     print(RESULT_MARKER + json.dumps(result), flush=True)
     return 0
 

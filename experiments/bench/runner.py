@@ -1,5 +1,6 @@
-"""Running a sweep: each case in a fresh worker process (by default), bounded in time, its result
-appended to the store the moment it is known; a rerun skips every case the store already holds.
+"""Running a sweep: each case in a fresh worker process (by default; forked from a server that imported torch and the
+zoo once), bounded in time, its result appended to the store the moment it is known; a rerun skips every case the
+store already holds.
 
 Statuses: ``ok``; ``oom`` (an allocation failed, the memory budget included, or the worker was
 SIGKILLed, most likely by the kernel's OOM killer); ``unsupported`` (unknown mechanism, causal asked of
@@ -16,13 +17,17 @@ then timed like any case (``ms_per_sequence_at_max_batch``: the paper's throughp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,7 @@ from experiments.bench.cases import DECODE_MODES, BenchConfig, Case
 from experiments.bench.flops import case_flops
 from experiments.bench.measure import RESULT_MARKER, measure_case, measure_peak_tflops
 from experiments.bench.store import ResultStore, case_of, code_fingerprint, machine_info, now
+from experiments.compare import preload
 from experiments.console import console
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,6 +56,8 @@ def precheck(case: Case) -> dict[str, str] | None:
         return {"status": "error", "detail": f"{case.attention} has no option(s) {unknown}"}
     if case.causal and not cls.supports_causal:
         return {"status": "unsupported", "detail": f"{case.attention} does not support causal attention"}
+    if not case.causal and cls.causal_only and case.mode not in DECODE_MODES and case.mode != "decode-step":
+        return {"status": "unsupported", "detail": f"{case.attention} is causal only: time it with --causal"}
     if (case.mode in DECODE_MODES or case.mode == "decode-step") and not cls.supports_causal:
         detail = f"{case.attention} is not causal (a decoder would use {cls.causal_counterpart or 'another core'})"
         return {"status": "unsupported", "detail": detail}
@@ -57,7 +65,11 @@ def precheck(case: Case) -> dict[str, str] | None:
 
 
 def run_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[str, Any]:
-    """One job in a fresh ``python -m experiments.bench.measure``; its result, or why there is none."""
+    """One job in a fresh process, forked from the preloaded forkserver of :mod:`experiments.compare.preload`
+    (its imports are done once, not per case) or, where there is none, a ``python -m experiments.bench.measure``;
+    its result, or why there is none."""
+    if preload.available():
+        return _forked_worker(job, threads=threads, timeout_s=timeout_s)
     env = os.environ | {
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
@@ -69,14 +81,55 @@ def run_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[s
             command, input=json.dumps(job), capture_output=True, text=True, timeout=timeout_s, env=env
         )
     except subprocess.TimeoutExpired:
-        return {"status": "timeout", "detail": f"no result within {timeout_s:g} s (worker killed)"}
+        return _timed_out(timeout_s)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])
-    if proc.returncode == -signal.SIGKILL:
+    return _no_result(proc.returncode, proc.stderr)
+
+
+def _forked_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-") as folder:
+        log = Path(folder) / "worker.log"
+        receive, send = multiprocessing.Pipe(duplex=False)
+        process = preload.start_function(_worker, (job, threads, send, str(log)))
+        send.close()  # the worker holds the only writer: its exit ends the pipe
+        process.join(timeout_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            return _timed_out(timeout_s)
+        if receive.poll():
+            with contextlib.suppress(EOFError):
+                return receive.recv()
+        return _no_result(process.exitcode, log.read_text() if log.exists() else "")
+
+
+def _worker(job: dict[str, Any], threads: int, send: Connection, log: str) -> None:
+    """The forked worker: its output to ``log``, ``threads`` torch threads, the job's result to ``send``."""
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    os.environ |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    import torch
+
+    from experiments.bench.measure import run_job
+
+    torch.set_num_threads(threads)  # the forkserver imported torch before this worker's thread count was known
+    send.send(run_job(job))
+    send.close()
+
+
+def _timed_out(timeout_s: float) -> dict[str, Any]:
+    return {"status": "timeout", "detail": f"no result within {timeout_s:g} s (worker killed)"}
+
+
+def _no_result(returncode: int | None, stderr: str) -> dict[str, Any]:
+    if returncode == -signal.SIGKILL:
         return {"status": "oom", "detail": "worker SIGKILLed, most likely by the kernel's OOM killer"}
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:300]
-    return {"status": "error", "detail": f"worker exited with code {proc.returncode}: {last}"}
+    last = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return {"status": "error", "detail": f"worker exited with code {returncode}: {last}"}
 
 
 class Runner:

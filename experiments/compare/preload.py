@@ -20,13 +20,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-#: imported once by the forkserver: ``tasks.cli`` pulls in torch, Lightning, torchmetrics and every task. Not
+#: imported once by the forkserver: ``tasks.cli`` pulls in torch, Lightning, torchmetrics and every task, and
+#: ``experiments.bench.measure`` the benchmark's worker (:func:`start_function`). Not
 #: ``experiments.cli``: a child started from ``python -m experiments.cli`` re-runs its main module, which runpy
 #: warns about when that module is already imported
-PRELOADED = ["tasks.cli"]
+PRELOADED = ["tasks.cli", "experiments.bench.measure"]
 #: the ``zoo`` commands a run may be: those of :mod:`tasks.cli`
 TASK_COMMANDS = ("fit", "validate", "test")
 
@@ -59,6 +61,18 @@ def start(args: list[str], log: Path, env: dict[str, str], threads: int) -> RunP
     process = _forkserver().Process(target=_zoo, args=(args, str(log), env, threads), daemon=False)
     process.start()
     return ForkedRun(process)
+
+
+def available() -> bool:
+    """Whether runs and workers can be forked from the preloaded forkserver (not on Windows)."""
+    return "forkserver" in multiprocessing.get_all_start_methods()
+
+
+def start_function(target: Callable[..., None], args: tuple[Any, ...]) -> multiprocessing.process.BaseProcess:
+    """``target(*args)`` in a process forked from the preloaded forkserver (see :func:`available`), started."""
+    process = _forkserver().Process(target=target, args=args, daemon=False)
+    process.start()
+    return process
 
 
 def warm_up() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -72,3 +73,21 @@ def as_function(
         return core(q, k, v, mask=mask, causal=causal)
 
     return attention, inputs
+
+
+def causal_modes(name: str) -> list[bool]:
+    """The values of ``causal`` a core takes: both, ``[False]`` without ``supports_causal``, ``[True]`` when
+    ``causal_only``."""
+    cls = az.get_attention_class(name)
+    return [True] if cls.causal_only else [False, True] if cls.supports_causal else [False]
+
+
+def plain_causal(name: str) -> bool:
+    """``causal`` for a test that is about something else: False, or True for a causal-only core."""
+    return az.get_attention_class(name).causal_only
+
+
+def skip_unless_takes(name: str, causal: bool) -> None:
+    """Skip a test parametrised over ``causal`` for the value this core refuses (checked by the refusal tests)."""
+    if causal not in causal_modes(name):
+        pytest.skip(f"{name} takes causal={causal_modes(name)[0]} only (its refusal is tested separately)")

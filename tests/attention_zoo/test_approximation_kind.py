@@ -13,7 +13,7 @@ from torch import Tensor
 import attention_zoo as az
 from attention_zoo.core import APPROXIMATIONS
 from attention_zoo.sparse.mask_mods import dense_mask
-from tests.attention_zoo.registry_cases import build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import build, case_id, cases, qkv, skip_unless_takes
 from tests.attention_zoo.test_moba import reference_selection
 
 EXACT_KINDS = ("none", "fixed sparsity", "content-selected sparsity")
@@ -64,8 +64,7 @@ EXACT_CASES = [c for c in cases() if az.get_attention_class(c[0]).approximation 
 def test_exact_kinds_are_full_attention_under_their_keys(case, causal):
     name, options = case
     core = build(name, options)
-    if causal and not core.supports_causal:
-        pytest.skip(f"{name} is not causal")
+    skip_unless_takes(name, causal)
     q, k, v = qkv(core, 2, N)
     mask = torch.ones(2, N, dtype=torch.bool)
     mask[1, N - 7 :] = False

@@ -15,7 +15,19 @@ from torch.utils.checkpoint import checkpoint
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from tests.attention_zoo.registry_cases import MAX_SEQ_LEN, as_dtype, as_function, build, case_id, cases, perturbed, qkv
+from tests.attention_zoo.registry_cases import (
+    MAX_SEQ_LEN,
+    as_dtype,
+    as_function,
+    build,
+    case_id,
+    cases,
+    causal_modes,
+    perturbed,
+    plain_causal,
+    qkv,
+    skip_unless_takes,
+)
 
 CASES = cases()
 EXACT = dict(rtol=0.0, atol=1e-9)  # float64 "unchanged"
@@ -42,7 +54,7 @@ def test_shape_and_dtype(case, n, dtype):
     name, options = case
     core = build(name, options, dtype)
     q, k, v = qkv(core, 2, n, dtype=dtype)
-    out = core(q, k, v)
+    out = core(q, k, v, causal=plain_causal(name))
     assert out.shape == q.shape and out.dtype == dtype
     assert torch.isfinite(out).all()
 
@@ -54,7 +66,7 @@ def test_cross_attention_shapes(case):
         q, _, _ = qkv(core, 2, 24)
         k = v = torch.randn(2, q.shape[1], 40, q.shape[3], dtype=q.dtype)
         with pytest.raises(ValueError, match="self-attention only"):
-            core(q, k, v)
+            core(q, k, v, causal=plain_causal(name))
         return
     core = build(name, options)
     q, k, v = qkv(core, 2, 24, nk=40)
@@ -66,8 +78,7 @@ def test_cross_attention_shapes(case):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_reach_inputs_and_parameters(case, causal):
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip(f"{name} does not support causal attention (checked in test_unsupported_causal_raises)")
+    skip_unless_takes(name, causal)
     core = build(name, options, torch.float32).train()
     q, k, v = qkv(core, 2, 32, dtype=torch.float32)
     leaves = [q] if core.needs_shared_qk else [q, k]
@@ -93,7 +104,8 @@ def test_gradients_reach_inputs_and_parameters(case, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_fully_masked_rows_are_finite(case, causal):
     name, options = case
-    if not supports(name, "supports_mask") or (causal and not supports(name, "supports_causal")):
+    skip_unless_takes(name, causal)
+    if not supports(name, "supports_mask"):
         pytest.skip("capability not supported")
     core = build(name, options, torch.float32)
     q, k, v = qkv(core, 3, 32, dtype=torch.float32)
@@ -111,7 +123,8 @@ def test_fully_masked_rows_are_finite(case, causal):
 @pytest.mark.parametrize("n", LENGTHS)
 def test_padding_invariance(case, n, causal):
     name, options = case
-    if not supports(name, "supports_mask") or (causal and not supports(name, "supports_causal")):
+    skip_unless_takes(name, causal)
+    if not supports(name, "supports_mask"):
         pytest.skip("capability not supported")
     core = build(name, options)
     q, k, v = qkv(core, 3, n)
@@ -151,11 +164,23 @@ def test_unsupported_causal_raises(case):
         core(q, k, v, causal=True)
 
 
+def test_causal_only_cores_refuse_bidirectional_calls_and_models(case):
+    name, options = case
+    if not supports(name, "causal_only"):
+        pytest.skip("takes causal=False")
+    core = build(name, options)
+    q, k, v = qkv(core, 1, 16)
+    with pytest.raises(ValueError, match=f"^{name} is causal only: call it with causal=True"):
+        core(q, k, v, causal=False)
+    with pytest.raises(ValueError, match="is causal only: use it where attention is causal"):
+        az.MultiHeadAttention(16, 2, attention=name, attention_options=options, causal=False)
+    assert name in az.list_attentions(causal_only=True) and name in az.list_attentions(causal=True)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_batch_independence(case, causal):
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     core = build(name, options)
     q, k, v = qkv(core, 3, 29)
     mask = pad_mask(torch.tensor([29, 20, 11]), 29) if supports(name, "supports_mask") else None
@@ -170,8 +195,7 @@ def test_batch_independence(case, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_float32_agrees_with_float64(case, causal):
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     core64 = build(name, options, torch.float64)
     core32 = as_dtype(core64, torch.float32)
     q, k, v = qkv(core64, 2, 32)
@@ -186,7 +210,7 @@ def test_too_long_input_raises_when_bounded(case):
     core = build(name, options)
     q, k, v = qkv(core, 1, MAX_SEQ_LEN + 1)
     with pytest.raises(ValueError, match="max_seq_len"):
-        core(q, k, v)
+        core(q, k, v, causal=plain_causal(name))
 
 
 @pytest.mark.parametrize("fill", [float("nan"), float("inf"), -float("inf")])
@@ -194,8 +218,7 @@ def test_non_finite_padding_never_reaches_real_outputs(case, fill):
     name, options = case
     if not supports(name, "supports_mask"):
         pytest.skip("capability not supported")
-    causal_modes = [False, True] if supports(name, "supports_causal") else [False]
-    core = build(name, options)
+        core = build(name, options)
     q, k, v = qkv(core, 3, 32)
     lengths = torch.tensor([32, 27, 16])
     mask = pad_mask(lengths, 32)
@@ -203,7 +226,7 @@ def test_non_finite_padding_never_reaches_real_outputs(case, fill):
     poisoned = [t.masked_fill(padded, fill) for t in (q, k, v)]
     if core.needs_shared_qk:
         poisoned[1] = poisoned[0]
-    for causal in causal_modes:
+    for causal in causal_modes(name):
         out = core(q, k, v, mask=mask, causal=causal)
         out2 = core(*poisoned, mask=mask, causal=causal)
         for b, length in enumerate(lengths.tolist()):
@@ -301,7 +324,7 @@ def test_empty_inputs_give_zero_outputs_that_backward_to_zero_gradients(case, sh
         t.requires_grad_(True)
     keys = q if core.needs_shared_qk else k
     mask = pad_mask(torch.full((b,), nk // 2), nk) if masked else None
-    for causal in [False, True] if supports(name, "supports_causal") else [False]:
+    for causal in causal_modes(name):
         core.zero_grad(set_to_none=True)
         for t in leaves:
             t.grad = None
@@ -370,8 +393,7 @@ def test_double_backward_is_exact_or_refused_with_one_clear_error(case, causal):
     backward); any other refuses create_graph=True with one error naming itself, never a torch-internal error
     and never a silently wrong (first-order-only) result."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     core = build(name, options)
     mask = pad_mask(torch.tensor([6, 4]), 6) if supports(name, "supports_mask") else None
     attention, inputs = as_function(core, *qkv(core, 2, 6), mask=mask, causal=causal)
@@ -388,7 +410,8 @@ def test_a_graph_of_the_gradient_for_some_inputs_only_equals_the_plain_gradient(
     """create_graph=True when only q and v require grad (k fixed: a frozen key projection): each input gets its own
     gradient, equal to the plain backward's, not another input's or None."""
     name, options = case
-    if not supports(name, "supports_double_backward") or (causal and not supports(name, "supports_causal")):
+    skip_unless_takes(name, causal)
+    if not supports(name, "supports_double_backward"):
         pytest.skip("no double backward, or not causal")
     core = build(name, options)
     q, k, v = qkv(core, 2, 6)
@@ -429,8 +452,7 @@ def test_hessian_vector_products_are_symmetric_and_match_central_differences(cas
     and compares that with finite differences of the same graph's values, never with the plain backward's gradient
     (``gradcheck`` checks that one); a core whose create_graph path computes another, wrong, gradient passes it."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     if not supports(name, "supports_double_backward"):
         pytest.skip("refuses double backward (test_double_backward_is_exact_or_refused_with_one_clear_error)")
     if masked and not supports(name, "supports_mask"):
@@ -475,8 +497,7 @@ def test_a_second_backward_of_a_retained_graph_adds_the_same_gradients(case, cau
     """backward(retain_graph=True) then backward again (a core may recompute its forward for the second): the
     gradients double, with one tensor as q, k and v, and the caller's graph before the core is left intact."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     core = build(name, options)
     q, _, _ = qkv(core, 2, 12)
     x = q.clone().requires_grad_(True)
@@ -495,8 +516,7 @@ def test_activation_checkpointing_gives_the_plain_gradients(case, causal, reentr
     """torch.utils.checkpoint recomputes the forward in backward: every random choice a core makes (Performer's
     feature redraws, LSH rotations, BigBird's random blocks, dropout) must come out the same the second time."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     base = build(name, options).train()
     mask = pad_mask(torch.tensor([20, 13]), 20) if supports(name, "supports_mask") else None
     results = []
@@ -540,8 +560,7 @@ def test_outputs_and_gradients_do_not_depend_on_the_input_layout(case, causal, b
     read as (B, H, N, D)); a core must give the same outputs and gradients as for contiguous copies, including at
     B = 1, where merging batch and heads keeps the view strided."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip("not causal")
+    skip_unless_takes(name, causal)
     core = build(name, options)
     q, k, v = qkv(core, batch, 24)
     weights = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(5))

@@ -50,7 +50,7 @@ from torch import Tensor
 
 import attention_zoo as az
 from attention_zoo.masks import pad_mask
-from tests.attention_zoo.registry_cases import as_function, build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import as_function, build, case_id, cases, qkv, skip_unless_takes
 
 _DEVICE_NAME = os.environ.get("ZOO_TEST_DEVICE", "cpu")
 if _DEVICE_NAME not in ("cpu", "cuda"):
@@ -136,8 +136,7 @@ def report(label: str, errors: dict[str, float], tolerance: float) -> str:
 
 def check_forward(case, dtype: torch.dtype, n: int, causal: bool, *, masked: bool) -> None:
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip(f"{name} does not support causal attention")
+    skip_unless_takes(name, causal)
     if masked and not supports(name, "supports_mask"):
         pytest.skip(f"{name} does not support a padding mask")
     core, reference = cores(name, options, dtype)
@@ -194,8 +193,7 @@ def gradients(
 @pytest.mark.parametrize("dtype", DTYPES, ids=[str(d).removeprefix("torch.") for d in DTYPES])
 def test_backward(case, dtype, n, causal):
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip(f"{name} does not support causal attention")
+    skip_unless_takes(name, causal)
     core, reference = cores(name, options, dtype)
     q, k, v = inputs(core, n, dtype)
     mask = padding(n) if supports(name, "supports_mask") else None
@@ -254,8 +252,7 @@ def test_packed_forward_and_backward(case, dtype, causal):
     """Packed rows (``segments``) on the device in ``dtype`` against the float64 reference on each document alone:
     forward and the gradients of q, k, v, within the tolerances above."""
     name, options = case
-    if causal and not supports(name, "supports_causal"):
-        pytest.skip(f"{name} does not support causal attention")
+    skip_unless_takes(name, causal)
     core, reference = cores(name, options, dtype)
     q, k, v, segments = packed_inputs(core, dtype)
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(DEVICE, dtype)

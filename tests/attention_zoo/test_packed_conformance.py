@@ -16,7 +16,16 @@ from attention_zoo.packing import (
     segments_from_lengths,
     segments_from_position_ids,
 )
-from tests.attention_zoo.registry_cases import DIM_HEAD, HEADS, build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import (
+    DIM_HEAD,
+    HEADS,
+    build,
+    case_id,
+    cases,
+    plain_causal,
+    qkv,
+    skip_unless_takes,
+)
 
 CASES = cases()
 EXACT = dict(rtol=0.0, atol=1e-9)
@@ -39,9 +48,8 @@ def alone(core: AttentionCore, q, k, v, row: int, start: int, length: int, causa
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_document_of_a_packed_row_equals_the_document_alone(case, causal):
     name, options = case
+    skip_unless_takes(name, causal)
     core = build(name, options)
-    if causal and not core.supports_causal:
-        pytest.skip("not causal")
     assert core.supports_segments, f"{name} refuses segments: {core.segments_refusal}"
     q, k, v = qkv(core, len(LENGTHS), N)
     segments = segments_from_lengths(LENGTHS, N)
@@ -62,17 +70,19 @@ def test_a_mask_that_agrees_with_the_segments_changes_nothing(case):
     q, k, v = qkv(core, len(LENGTHS), N)
     segments = segments_from_lengths(LENGTHS, N)
     mask = torch.arange(N)[None, :] < segments[:, -1:]
-    torch.testing.assert_close(core(q, k, v, segments=segments, mask=mask), core(q, k, v, segments=segments), **EXACT)
+    causal = plain_causal(name)
+    torch.testing.assert_close(core(q, k, v, segments=segments, mask=mask, causal=causal),
+                               core(q, k, v, segments=segments, causal=causal), **EXACT)  # fmt: skip
 
 
 def test_gradients_of_a_packed_document_equal_those_of_the_document_alone(case):
     name, options = case
-    core = build(name, options)
+    core, causal = build(name, options), plain_causal(name)
     lengths = [[9, 1, 14], [24]]
     segments = segments_from_lengths(lengths, 24)
     q, k, v = (t.requires_grad_(True) for t in qkv(core, 2, 24))
     weights = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(3))
-    (core(q, k, v, segments=segments) * weights).sum().backward()
+    (core(q, k, v, segments=segments, causal=causal) * weights).sum().backward()
     packed = [t.grad.clone() for t in (q, v)]
     for row, row_lengths in enumerate(lengths):
         start = 0
@@ -80,7 +90,7 @@ def test_gradients_of_a_packed_document_equal_those_of_the_document_alone(case):
             span = (slice(row, row + 1), slice(None), slice(start, start + length))
             pq, pk, pv = (t[span].detach().requires_grad_(True) for t in (q, k, v))
             pk = pq if core.needs_shared_qk else pk
-            (core(pq, pk, pv) * weights[span]).sum().backward()
+            (core(pq, pk, pv, causal=causal) * weights[span]).sum().backward()
             for grad, own in zip(packed, (pq, pv), strict=True):
                 torch.testing.assert_close(grad[span], own.grad, **EXACT)
             start += length

@@ -35,6 +35,7 @@ from experiments.bench.plots import write_tensorboard
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner, precheck
 from experiments.bench.store import ResultStore, case_of
+from experiments.compare import preload
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:
@@ -204,8 +205,11 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     assert "boom" in store.latest()[cases[0].key()]["detail"]
 
 
-def test_isolated_worker_out_of_memory_and_timeout(tmp_path):
-    """A real allocation beyond the budget fails inside the worker (RLIMIT_AS) and is recorded as oom."""
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "subprocess"])
+def test_isolated_worker_out_of_memory_and_timeout(tmp_path, monkeypatch, forked):
+    """A real allocation beyond the budget fails inside the worker (RLIMIT_AS) and is recorded as oom, in a worker
+    forked from the preloaded server and in the plain subprocess used where there is none."""
+    monkeypatch.setattr(preload, "available", lambda: forked)
     config = BenchConfig(repeats=1, warmup=0, memory_budget_gb=0.05)
     runner = Runner(config, ResultStore(tmp_path), "cpu")
     big = core_case(options={"backend": "math"}, n=1024, batch=4, heads=8, mode="fwd")  # 128 MB of scores
@@ -213,6 +217,8 @@ def test_isolated_worker_out_of_memory_and_timeout(tmp_path):
     assert result["status"] == "oom", result
     slow = runner.measure(core_case(), repeats=1, warmup=0, timeout_s=0.01)
     assert slow["status"] == "timeout"
+    fits = Runner(BenchConfig(), ResultStore(tmp_path), "cpu").measure(core_case(mode="fwd"), repeats=1, warmup=0)
+    assert fits["status"] == "ok" and fits["memory_method"] == "rss-hwm" and fits["peak_mb"] >= 0
 
 
 def test_max_batch_search_doubles_then_bisects(tmp_path, monkeypatch):
@@ -348,13 +354,23 @@ def test_zoo_bench_end_to_end_in_worker_processes(tmp_path, capsys):
 
 def test_every_mechanism_benches_at_its_defaults(tmp_path):
     """``zoo bench --attentions <name>`` with no options: each mechanism's own defaults (Linformer's k = None,
-    resolved by the core) must measure and get its FLOPs, not crash the sweep."""
+    resolved by the core) must measure and get its FLOPs, not crash the sweep; a causal-only core, in a causal
+    sweep, and refused in one line in a bidirectional one."""
     argv = ["bench", "--attentions", ",".join(az.list_attentions()), "--seq-lens", "16", "--mode", "fwd"]
     argv += ["--heads", "2", "--dim-head", "8", "--repeats", "1", "--warmup", "0", "--isolation", "none"]
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
     rows = {row["attention"]: row for row in ResultStore(tmp_path).latest().values()}
     assert set(rows) == set(az.list_attentions())
-    assert {name: row["status"] for name, row in rows.items() if row["status"] != "ok"} == {}
+    causal_only = set(az.list_attentions(causal_only=True))
+    assert {name: row["status"] for name, row in rows.items() if row["status"] != "ok"} == dict.fromkeys(
+        causal_only, "unsupported"
+    )
+    assert all(rows[name]["detail"] == f"{name} is causal only: time it with --causal" for name in causal_only)
+    if causal_only:
+        argv[2] = ",".join(sorted(causal_only))
+        assert cli.main([*argv, "--causal", "--out", str(tmp_path / "causal")]) == 0
+        causal_rows = ResultStore(tmp_path / "causal").latest().values()
+        assert {row["attention"]: row["status"] for row in causal_rows} == dict.fromkeys(causal_only | {"full"}, "ok")
     per_head = 2 * (2 * 16 * 16 * 8) + 4 * 16 * 16 * 8  # E K, F V and the two products, k = min(256, n) = 16
     assert rows["linformer"]["flops"] == 2 * per_head
 

@@ -29,7 +29,7 @@ from tasks.cli import check_training_length
 from tasks.data.base import DataError
 from tasks.data.text import TextClassificationDataModule, normalise_label
 from tasks.data.tokenize import SPECIAL_TOKENS, TextTokenizer
-from tests.attention_zoo.registry_cases import build, case_id, cases, qkv
+from tests.attention_zoo.registry_cases import build, case_id, cases, causal_modes, plain_causal, qkv
 
 ROOT = Path(__file__).resolve().parents[2]
 RECALL = ["-c", str(ROOT / "configs" / "recall.yaml"), "--data.seq_len", "32", "--data.num_kv_pairs", "4"]
@@ -509,7 +509,7 @@ def test_a_nan_input_is_never_hidden(case, where):
     j (every core lets some query see each real key). The other batch item stays finite."""
     name, options = case
     core = build(name, options)
-    for causal in [False, True] if core.supports_causal else [False]:
+    for causal in causal_modes(name):
         q, k, v = qkv(core, 2, 32)
         poisoned = {"q": q, "k": k, "v": v}[where].clone()
         poisoned[0, 0, 3, 0] = math.nan
@@ -550,9 +550,9 @@ def test_a_core_with_float32_weights_runs_under_autocast_as_its_error_suggests(c
         pytest.skip("no floating weights: any floating dtype is taken as it comes")
     q, k, v = qkv(core, 2, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="or run it under torch.autocast"):
-        core(q, k, v)
+        core(q, k, v, causal=plain_causal(name))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = core(q, k, v)
+        out = core(q, k, v, causal=plain_causal(name))
     assert out.shape == q.shape and torch.isfinite(out).all()
 
 
