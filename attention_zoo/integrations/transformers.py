@@ -717,6 +717,11 @@ def _layer_rule(
             )
         rule = resolve_decoder_attention(name, options, None, decoder_options)
         chosen = (rule.attention, rule.options, rule.reason)
+    elif get_attention_class(name).causal_only:
+        raise ValueError(
+            f"the model has bidirectional attention layers and attention {name!r} is causal only; use it in a causal "
+            "language model (GPT-2, Llama, ...), or a bidirectional core here"
+        )
     else:
         chosen = (name, dict(options), "as named")
     cls = get_attention_class(chosen[0])

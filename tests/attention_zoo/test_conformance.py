@@ -218,7 +218,7 @@ def test_non_finite_padding_never_reaches_real_outputs(case, fill):
     name, options = case
     if not supports(name, "supports_mask"):
         pytest.skip("capability not supported")
-        core = build(name, options)
+    core = build(name, options)
     q, k, v = qkv(core, 3, 32)
     lengths = torch.tensor([32, 27, 16])
     mask = pad_mask(lengths, 32)
@@ -367,15 +367,16 @@ def test_inputs_that_break_the_contract_are_refused(case):
     name, options = case
     core = build(name, options)
     q, k, v = qkv(core, 2, 16)
+    causal = plain_causal(name)
     with pytest.raises(ValueError, match="floating point"):
-        core(q.long(), k.long(), v.long())
+        core(q.long(), k.long(), v.long(), causal=causal)
     with pytest.raises(ValueError, match="one head width"):
-        core(q, k, torch.randn(2, core.heads, 16, core.dim_head + 1, dtype=q.dtype))
+        core(q, k, torch.randn(2, core.heads, 16, core.dim_head + 1, dtype=q.dtype), causal=causal)
     with pytest.raises(ValueError, match="one device"):
-        core(q, k.to("meta"), v)
+        core(q, k.to("meta"), v, causal=causal)
     if any(p.is_floating_point() for p in core.parameters()):
         with pytest.raises(ValueError, match="build the core in the inputs' dtype"):
-            core(q.float(), k.float(), v.float())
+            core(q.float(), k.float(), v.float(), causal=causal)
 
 
 @pytest.mark.parametrize("bad", [{"dim_head": 8.5}, {"heads": True}, {"max_seq_len": True}, {"max_seq_len": "64"}])

@@ -138,6 +138,12 @@ def options_for(name: str) -> dict[str, Any]:
 
 SHARED_QK = [n for n in az.list_attentions() if az.get_attention_class(n).needs_shared_qk]
 USABLE = [n for n in az.list_attentions() if n not in SHARED_QK]
+CAUSAL_ONLY = az.list_attentions(causal_only=True)
+
+
+def usable_in(model: str) -> list[str]:
+    """The cores that model's layers can take: in a model with bidirectional layers, none that is causal only."""
+    return [n for n in USABLE if model in CAUSAL_MODELS or n not in CAUSAL_ONLY]
 
 
 def zoo_model(model: str, name: str, seed: int = 0) -> PreTrainedModel:
@@ -171,8 +177,7 @@ def test_full_matches_transformers_sdpa(model):
         torch.testing.assert_close(output(net, ids, None), unpadded, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", USABLE)
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize(("model", "name"), [(m, n) for m in MODELS for n in usable_in(m)])
 def test_every_mechanism_trains_in_every_model(model, name):
     net = zoo_model(model, name)
     ids, mask = batch(model)
@@ -241,7 +246,13 @@ def test_shared_qk_cores_are_refused_with_the_reason(model, name):
         hf.use_attention(build(model), name)
 
 
-@pytest.mark.parametrize("name", USABLE)
+@pytest.mark.parametrize("name", CAUSAL_ONLY)
+def test_causal_only_cores_are_refused_by_bidirectional_models_in_one_line(name):
+    with pytest.raises(ValueError, match=f"bidirectional attention layers and attention {name!r} is causal only"):
+        hf.use_attention(build("bert"), name)
+
+
+@pytest.mark.parametrize("name", usable_in("bert"))
 def test_bert_padding_never_reaches_real_outputs(name):
     net = zoo_model("bert", name)
     ids, mask = batch("bert")
