@@ -74,7 +74,7 @@ class MultiHeadAttention(nn.Module):
         if not causal and cls.causal_only:
             raise ValueError(
                 f"attention {attention!r} is causal only: use it where attention is causal (a decoder, a causal "
-                "language model, a task run with causal: true); bidirectional cores: "
+                "language model, an encoder built causal: zoo fit --model.causal true); bidirectional cores: "
                 + ", ".join(_bidirectional_cores())
             )
         if cross_attention and not cls.supports_cross_attention:

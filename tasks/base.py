@@ -19,6 +19,7 @@ import inspect
 import math
 import zipfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -195,6 +196,8 @@ class EncoderTask(ZooTask):
         num_classes: output classes: labels per sequence or per token (linked from ``data.num_classes``).
         init_from: a checkpoint (``last.ckpt`` of another run, e.g. MLM pretraining) whose encoder
             weights this model starts from; it must use the same attention and shapes.
+        causal: every layer attends causally, each position to itself and the ones before it (a decoder-only model,
+            as Zoology runs associative recall); the attention must support it (``zoo list``). Default False.
         **shared: the model's and the optimizer's flags of :class:`ZooTask`.
     """
 
@@ -205,10 +208,13 @@ class EncoderTask(ZooTask):
         num_classes: int,
         *,
         init_from: str | None = None,
+        causal: bool = False,
         **shared: Any,
     ) -> None:
         super().__init__(**shared)
-        self.encoder = self.build_model(TransformerEncoder, "encoder", vocab_size=vocab_size, max_seq_len=max_seq_len)
+        self.encoder = self.build_model(
+            partial(TransformerEncoder, causal=causal), "encoder", vocab_size=vocab_size, max_seq_len=max_seq_len
+        )
         if num_classes < 1:
             raise ConfigError(f"num_classes must be >= 1, got {num_classes}")
         if init_from is not None:

@@ -38,6 +38,9 @@ Per head (one of B*H), n = sequence length, d = head width:
   (the prefix-sum form of the papers: per position one state update and one query product); performer adds
   the random projections W q and W k, 2 n m d each: **4 n m d + 4 n m (d + 1)**. The chunked causal kernel
   executes 2 n c (m + d + 1) more (the c x c blocks inside each chunk of c = ``chunk_size``).
+- ``gated_deltanet`` (causal only): the recurrent form of the paper, per position S k, the two rank-1 updates of
+  S and S q, 2 d^2 each: **8 n d^2** (the gates and the decay are elementwise, not counted). The chunked kernel
+  executes n (8 c d + 8 d^2 + 2 d^3 / c) for chunks of c (the c x c blocks, the UT transform's triangular solve).
 
 A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
 pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
@@ -180,6 +183,11 @@ def _cosformer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
 def _performer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
     m = options["nb_features"]
     return 4 * n * m * d + _kernel_products(n, m, d)
+
+
+@formula("gated_deltanet")
+def _gated_deltanet(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
+    return 8 * n * d * d if causal else None
 
 
 def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:

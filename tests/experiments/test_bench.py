@@ -434,6 +434,10 @@ def test_flops_formulas():
     assert case_flops(case) == 3 * 4 * 3 * 2 * 100**2 * 8  # fwd+bwd = 3x the forward
     assert case_flops(dataclasses.replace(case, mode="fwd")) == 4 * 3 * 2 * 100**2 * 8
     assert case_flops(core_case("no_such_attention")) is None
+    # gated_deltanet: the paper's recurrence, 8 d^2 per position and head; causal only
+    recurrent = core_case("gated_deltanet", n=100, batch=3, heads=2, dim_head=8, causal=True, mode="fwd")
+    assert case_flops(recurrent) == 3 * 2 * 8 * 100 * 8**2
+    assert case_flops(dataclasses.replace(recurrent, causal=False)) is None
 
 
 def test_window_pair_count_matches_the_dense_pattern():
@@ -635,8 +639,9 @@ def test_paired_targets_group_each_target_by_its_bound_and_causality():
     from experiments.bench.paired_targets import entries
 
     moba, performer = {"block_size": 128, "top_k": 4}, {"nb_features": 256}
-    assert entries(list(targets.TARGETS), "speed", True) == [("moba", moba), ("performer", performer), ("linear", {})]
-    assert entries(list(targets.TARGETS), "scaling", True) == [("moba", moba), ("performer", performer), ("linear", {})]
+    causal = [("moba", moba), ("performer", performer), ("linear", {}), ("gated_deltanet", {})]
+    assert entries(list(targets.TARGETS), "speed", True) == causal
+    assert entries(list(targets.TARGETS), "scaling", True) == causal
     speed, scaling = (entries(list(targets.TARGETS), kind, False) for kind in ("speed", "scaling"))
     assert ("lsh", {"n_hashes": 4, "bucket_size": 64}) in speed and all(name != "lsh" for name, _ in scaling)
     assert len(speed) == 8 and len(scaling) == 7
