@@ -11,7 +11,7 @@
 """
 
 # importing each mechanism's module registers it
-from attention_zoo import full, gated_deltanet, kernel, linformer, lsh, moba, nystrom, self_only, sparse  # noqa: F401
+from attention_zoo import full, gated_deltanet, kernel, linformer, lsh, moba, nsa, nystrom, self_only, sparse  # noqa: F401
 from attention_zoo.config import ModelConfig
 from attention_zoo.core import AttentionCore, BuildContext, DoubleBackwardError, Geometry
 from attention_zoo.decoding import beam_search, greedy_search

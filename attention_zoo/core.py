@@ -42,7 +42,14 @@ from torch import Tensor, nn
 from attention_zoo import packing
 
 Approximation = Literal[
-    "none", "fixed sparsity", "content-selected sparsity", "low rank", "kernel", "hashing", "recurrent state"
+    "none",
+    "fixed sparsity",
+    "content-selected sparsity",
+    "hierarchical sparsity",
+    "low rank",
+    "kernel",
+    "hashing",
+    "recurrent state",
 ]
 APPROXIMATIONS: tuple[str, ...] = Approximation.__args__
 
@@ -148,7 +155,9 @@ class AttentionCore(nn.Module):
     #: ``"none"`` (it is full attention), ``"fixed sparsity"`` (exact softmax over a fixed pattern of keys),
     #: ``"content-selected sparsity"`` (exact softmax over keys its own scores select), ``"low rank"``,
     #: ``"kernel"`` (a feature map in place of exp), ``"hashing"`` (softmax over keys that share a hash bucket),
-    #: ``"recurrent state"`` (no softmax: a fixed-size state updated position by position, e.g. a delta rule).
+    #: ``"hierarchical sparsity"`` (a gated sum of softmaxes over learned summaries of blocks, the blocks those
+    #: select and a window, as NSA), ``"recurrent state"`` (no softmax: a fixed-size state updated position by
+    #: position, e.g. a delta rule).
     #: Every registered core declares it (``register_attention`` checks).
     approximation: ClassVar[Approximation]
     #: small option sets (for n of a few dozen tokens, ``max_seq_len=64``) under which the

@@ -3,7 +3,9 @@ type and default, and the caveats.
 
 Columns. approximation: what the core computes in place of softmax over every key (none is full attention;
 fixed sparsity and content-selected sparsity are exact softmax over the keys of a fixed pattern or of the
-core's own selection, not equality with full attention). causal: whether the core takes causal=True. packed:
+core's own selection, not equality with full attention; hierarchical sparsity (NSA) mixes softmaxes over block
+summaries, selected blocks and a window; recurrent state is no softmax at all). causal: whether the core takes
+causal=True (only: it refuses causal=False, e.g. a recurrence). packed:
 whether it takes packed rows (segments: several documents per row; --long gives the reason of a no). decoding:
 how step-by-step causal decoding runs: cache (the core keeps its own state), recompute (the causal forward over
 the whole prefix at every step), "via <core>" (not causal: a decoder uses that core instead) or - (none).
@@ -45,7 +47,9 @@ def rows() -> list[dict[str, str]]:
         specs = attention_options(cls)
         options = ", ".join(f"{s.name}: {s.type_name()}" + ("" if s.required else f" = {s.default!r}") for s in specs)
         caps = {c: ("yes" if getattr(cls, c) else "no") for c in CAPABILITIES}
-        if cls.supports_causal:
+        if cls.causal_only:
+            caps["supports_causal"] = "only"
+        elif cls.supports_causal:
             caps["supports_causal"] = "yes"
         elif cls.causal_counterpart:
             caps["supports_causal"] = f"no (decoders: {cls.causal_counterpart})"

@@ -545,17 +545,17 @@ def _close_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-def resolve_config_flags(argv: list[str]) -> list[str]:
-    """``argv`` with the value of every ``-c`` / ``--config`` (``--config=VALUE`` too) resolved by
-    :func:`tasks.config_paths.resolve_config`: a file here as given, else the packaged config of that name.
+def resolve_config_flags(argv: list[str], flags: tuple[str, ...] = CONFIG_FLAGS) -> list[str]:
+    """``argv`` with the value of every one of ``flags`` (default ``-c`` / ``--config``; ``--config=VALUE`` too)
+    resolved by :func:`tasks.config_paths.resolve_config`: a file here as given, else the packaged config of that name.
     An inline config (``--config '{trainer: {max_steps: 5}}'``: YAML of a mapping, which LightningCLI also reads)
     passes as it is. A value that names no config raises :class:`ConfigError` (one line, the closest names)."""
     out = list(argv)
     for i, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
-        if equals and flag in CONFIG_FLAGS:
+        if equals and flag in flags:
             out[i] = f"{flag}={_config_path(flag, value)}"
-        elif arg in CONFIG_FLAGS and i + 1 < len(argv):
+        elif arg in flags and i + 1 < len(argv):
             out[i + 1] = _config_path(arg, argv[i + 1])
     return out
 

@@ -10,6 +10,7 @@ so :meth:`~attention_zoo.core.DecodingState.reorder` (beam search) applies to th
 - :class:`PatternState`: the same plus the absolute position of each slot, for the sparse patterns,
   which drop the keys that no later query can reach (:func:`pattern_decoding_step`, which asks the
   pattern, a :class:`DecodingPattern`, which keys each query attends and which keys stay reachable).
+  A learned sink (:mod:`attention_zoo.sinks`) is a logit, not a key: it takes no slot.
 
 Once a step builds an autograd graph (:func:`builds_graph`: gradients enabled and an input or parameter
 that requires them), a state stops writing in place and concatenates instead, so that the views an
@@ -28,6 +29,7 @@ from torch import Tensor
 from attention_zoo.core import DecodingState
 from attention_zoo.masks import MaskMod, masked_softmax
 from attention_zoo.precision import compute_dtype
+from attention_zoo.sinks import sink_softmax
 
 #: slots allocated at the first step, at least: short decodes never reallocate
 _FIRST_CAPACITY = 16
@@ -113,15 +115,18 @@ class PatternState(KeyValueState):
         self.positions = positions
 
 
-def attend_to_cache(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor, scale: float) -> Tensor:
-    """softmax(q K^T * scale) V over the allowed keys; ``allowed`` (B | 1, 1 | H, T, S) bool. A query
-    with no allowed key gives zeros. Half-precision inputs are computed in float32, as the tiled forward
-    computes them."""
+def attend_to_cache(
+    q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor, scale: float, sinks: Tensor | None = None
+) -> Tensor:
+    """softmax(q K^T * scale) V over the allowed keys; ``allowed`` (B | 1, 1 | H, T, S) bool; ``sinks`` (H,): one
+    more logit per head in the denominator. A query with no allowed key gives zeros. Half-precision inputs are
+    computed in float32, as the tiled forward computes them."""
     # b: batch, h: heads, i: new positions, j: cached keys, d: head dim
     dtype = q.dtype
     work = compute_dtype(dtype)
     scores = einsum(q.to(work), keys.to(work), "b h i d, b h j d -> b h i j") * scale
-    return einsum(masked_softmax(scores, allowed), values.to(work), "b h i j, b h j d -> b h i d").to(dtype)
+    probs = masked_softmax(scores, allowed) if sinks is None else sink_softmax(scores, allowed, sinks)
+    return einsum(probs, values.to(work), "b h i j, b h j d -> b h i d").to(dtype)
 
 
 def pattern_decoding_step(
@@ -132,11 +137,12 @@ def pattern_decoding_step(
     mask: Tensor | None,
     pattern: DecodingPattern,
     scale: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """One decoding step of a causal sparse pattern: append the T new positions, attend them to the cached
-    keys that the pattern's causal ``mask_mod`` allows, then drop the keys that its ``still_reachable``
-    says no later query may attend."""
-    state.in_place = state.in_place and not builds_graph(q, k, v)
+    keys that the pattern's causal ``mask_mod`` allows (and the learned ``sinks`` (H,), if any), then drop the keys
+    that its ``still_reachable`` says no later query may attend."""
+    state.in_place = state.in_place and not builds_graph(q, k, v, *([] if sinks is None else [sinks]))
     start, end = state.length, state.length + q.shape[-2]
     if state.rule is None or state.rule_length < end:
         # a rule may be made for a length (BigBird's random-block table, prefix-consistent when causal):
@@ -154,7 +160,7 @@ def pattern_decoding_step(
         index = seen.nonzero().squeeze(1)
         keys, values, real, allows = keys[:, :, index], values[:, :, index], real[:, index], allows[:, index]
     allowed = rearrange(allows, "i j -> 1 1 i j") & rearrange(real, "b j -> b 1 1 j")
-    out = attend_to_cache(q, keys, values, allowed, scale)
+    out = attend_to_cache(q, keys, values, allowed, scale, sinks)
     state.keep(pattern.still_reachable(positions, end))
     return out
 

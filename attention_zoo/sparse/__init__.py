@@ -1,7 +1,8 @@
-"""Sparse attention, exact on a pattern: local, strided/fixed, blockwise, Longformer, BigBird.
+"""Sparse attention, exact on a pattern: local, strided/fixed, blockwise, Longformer, BigBird, StreamingLLM.
 
 ``patterns`` and ``mask_mods`` define the patterns; ``attention`` holds the cores and the dense reference
-path; ``tiled``, ``band``, ``band_and_tiles`` and ``flex`` are the fast paths."""
+path, ``streaming_llm`` Longformer's causal form with StreamingLLM's defaults; ``tiled``, ``band``,
+``band_and_tiles`` and ``flex`` are the fast paths."""
 
 from attention_zoo.sparse.attention import (
     BigBirdAttention,
@@ -10,5 +11,13 @@ from attention_zoo.sparse.attention import (
     PatternAttention,
     SparseAttention,
 )
+from attention_zoo.sparse.streaming_llm import StreamingLLMAttention
 
-__all__ = ["BigBirdAttention", "LocalAttention", "LongformerAttention", "PatternAttention", "SparseAttention"]
+__all__ = [
+    "BigBirdAttention",
+    "LocalAttention",
+    "LongformerAttention",
+    "PatternAttention",
+    "SparseAttention",
+    "StreamingLLMAttention",
+]

@@ -35,7 +35,9 @@ Decoding cache (:meth:`PatternAttention.decode`, :class:`attention_zoo.decoding.
 keys, values and positions that a later query may still attend (the pattern's ``still_reachable``, which
 states its bound: ``local`` w/2 keys per sequence and head; blockwise < b; longformer g + w/2; fixed
 n mod l + c floor(n / l); strided and bigbird with random blocks every key). A step's queries attend the
-cached keys their pattern allows, found with the same mask function as the forward.
+cached keys their pattern allows, found with the same mask function as the forward. ``sink_logit`` (``local``,
+``longformer``; default False): GPT-OSS's learned logit per head in the denominator (arXiv:2508.10925,
+:mod:`attention_zoo.sinks`), honoured by every implementation, packed rows and the decoding cache.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import ClassVar, Literal, TypeVar
 
 import torch
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from attention_zoo import packing
@@ -53,6 +55,7 @@ from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import MaskMod, masked_attention
 from attention_zoo.registry import register_attention
+from attention_zoo.sinks import sink_attention
 from attention_zoo.sparse import flex as flex
 from attention_zoo.sparse.band import band_attention
 from attention_zoo.sparse.band_and_tiles import band_and_tiled_attention
@@ -77,10 +80,17 @@ class PatternAttention(
     supports_segments=True,
 ):  # fmt: skip
     """Softmax attention restricted to ``pattern`` (Child et al. eqs. (2)-(4)), a
-    :class:`~attention_zoo.sparse.patterns.SparsePattern`."""
+    :class:`~attention_zoo.sparse.patterns.SparsePattern`; ``sink_logit``: one learned logit per head (parameter
+    ``sinks`` (H,), initialised to 0) in the denominator, for the patterns built on a band."""
 
-    def __init__(self, geometry: Geometry, *, pattern: SparsePattern, impl: Impl = "auto") -> None:
+    def __init__(
+        self, geometry: Geometry, *, pattern: SparsePattern, impl: Impl = "auto", sink_logit: bool = False
+    ) -> None:
         super().__init__(geometry)
+        if sink_logit and pattern.banded(False) is None:
+            raise ValueError(
+                f"sink_logit=True needs a pattern built on a band (local, longformer, strided), got {pattern!r}"
+            )
         if impl == "flex":
             flex.check_flex_dim_head(self.dim_head)
         for option, value, default, per_position in pattern.length_bounds():
@@ -89,6 +99,7 @@ class PatternAttention(
         self.impl = impl
         self._layouts: dict[tuple[int, bool, torch.device], tuple[TileGroup, ...]] = {}
         self._block_masks: dict[tuple[int, bool, torch.device], BlockMask] = {}
+        self.register_parameter("sinks", nn.Parameter(torch.zeros(self.heads)) if sink_logit else None)
 
     def mask_mod(self, n: int, causal: bool, device: torch.device | str | None = None) -> MaskMod:
         """The pattern, AND j <= i when ``causal``, for sequences of length ``n``."""
@@ -100,7 +111,7 @@ class PatternAttention(
 
     def decode_attend(self, q: Tensor, k: Tensor, v: Tensor, state: DecodingState, *, mask: Tensor | None) -> Tensor:
         assert isinstance(state, PatternState)
-        return pattern_decoding_step(q, k, v, state, mask, self.pattern, self.scale)
+        return pattern_decoding_step(q, k, v, state, mask, self.pattern, self.scale, self.sinks)
 
     def resolved_impl(self, q: Tensor) -> str:
         """The implementation a call with these queries runs: ``impl``, or for ``"auto"`` flex on CUDA where
@@ -117,16 +128,18 @@ class PatternAttention(
             block_mask = _cached(
                 self._block_masks, key, lambda: flex.build_block_mask(self.mask_mod(*key), n, q.device)
             )
-            return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale)
+            return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale, self.sinks)
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
+            if self.sinks is not None:
+                return sink_attention(q, k, v, allowed, mask, self.sinks, self.scale)
             return masked_attention(q, k, v, allowed, mask, self.scale)
         band = self.pattern.banded(causal)
         if band is not None:
             rest = _cached(self._layouts, key, lambda: self.pattern.rest_tiles(*key))
             if not rest:
-                return band_attention(q, k, v, band, mask, self.scale)
-            return band_and_tiled_attention(q, k, v, band, rest, mask, self.scale)
+                return band_attention(q, k, v, band, mask, self.scale, self.sinks)
+            return band_and_tiled_attention(q, k, v, band, rest, mask, self.scale, self.sinks)
         layout = _cached(self._layouts, key, lambda: self.pattern.tiles(self.mask_mod(*key), *key))
         return tiled_attention(q, k, v, layout, mask, self.scale)
 
@@ -150,7 +163,7 @@ class PatternAttention(
             nq, nk = q.shape[-2], k.shape[-2]  # the rule ignores the length it is made for
             block_mask = flex.build_document_block_mask(self.mask_mod(nq, causal, q.device), segments, key_segments,
                                                         nq, nk, q.device)  # fmt: skip
-            return flex.flex_pattern_attention(q, k, v, block_mask, None, self.scale)
+            return flex.flex_pattern_attention(q, k, v, block_mask, None, self.scale, self.sinks)
         return packing.unpacked_attention(self.attend, q, k, v, segments, key_segments, causal=causal,
                                           group_by_length=by_length)  # fmt: skip
 
@@ -166,18 +179,27 @@ def _cached(cache: dict, key: tuple, build: Callable[[], T]) -> T:
 
 @register_attention("local")
 class LocalAttention(PatternAttention):
-    example_configs = ({"window": 8}, {"window": 16}, {"window": 8, "impl": "dense"})
+    example_configs = (
+        {"window": 8},
+        {"window": 16},
+        {"window": 8, "impl": "dense"},
+        {"window": 8, "sink_logit": True},
+    )
     notes: ClassVar[str] = (
         "exact on its pattern: |i - j| <= window/2 (window + 1 keys; causal: window/2 + 1); self-attention only"
     )
 
-    def __init__(self, geometry: Geometry, *, window: int = LocalPattern.window, impl: Impl = "auto") -> None:
+    def __init__(
+        self, geometry: Geometry, *, window: int = LocalPattern.window, impl: Impl = "auto", sink_logit: bool = False
+    ) -> None:
         """``window``: w, even: each query sees the w/2 keys on each side and itself (Longformer's w; default
         256, the Longformer-257 of the Nystromformer comparison);
         ``impl``: ``"auto"`` (flex on CUDA, blocked elsewhere), ``"flex"`` (FlexAttention), ``"blocked"``
-        (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring."""
+        (O(n w)) or ``"dense"`` (the (n, n) reference); see the module docstring;
+        ``sink_logit``: True adds one learned logit per head (parameter ``sinks``, initialised to 0) to the softmax's
+        denominator, GPT-OSS's attention sink (no value: it only takes weight away); False (default): plain softmax."""
         pattern = LocalPattern(window=window)
-        super().__init__(geometry, pattern=pattern, impl=impl)
+        super().__init__(geometry, pattern=pattern, impl=impl, sink_logit=sink_logit)
 
 
 @register_attention("sparse")
@@ -229,8 +251,10 @@ class SparseAttention(PatternAttention):
 class LongformerAttention(PatternAttention):
     """``"sparse"`` with ``pattern="longformer"``: sliding window + global tokens (Beltagy et al. 2020)."""
 
-    example_configs = ({"window": 8, "global_tokens": 2},)
+    example_configs = ({"window": 8, "global_tokens": 2}, {"window": 8, "global_tokens": 2, "sink_logit": True})
     notes: ClassVar[str] = "exact on its pattern: window (w/2 each side) + the first global_tokens global"
+    #: the pattern the options make (a subclass may give it other defaults)
+    pattern_class: ClassVar[type[LongformerPattern]] = LongformerPattern
 
     def __init__(
         self,
@@ -239,9 +263,12 @@ class LongformerAttention(PatternAttention):
         window: int = LongformerPattern.window,
         global_tokens: int = LongformerPattern.global_tokens,
         impl: Impl = "auto",
+        sink_logit: bool = False,
     ) -> None:
-        pattern = LongformerPattern(window=window, global_tokens=global_tokens)
-        super().__init__(geometry, pattern=pattern, impl=impl)
+        """``window`` w and ``global_tokens`` g: each query sees the w/2 keys on each side, itself and the first g
+        positions, which see every position; ``impl`` and ``sink_logit`` as in ``"local"``."""
+        pattern = self.pattern_class(window=window, global_tokens=global_tokens)
+        super().__init__(geometry, pattern=pattern, impl=impl, sink_logit=sink_logit)
 
 
 @register_attention("bigbird")

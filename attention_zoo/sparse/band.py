@@ -25,7 +25,8 @@ block by block (L/T strided adds per chunk), not by index. Work runs over chunks
 holding about ``_CHUNK_ELEMENTS`` scores, with the chunk's temporaries allocated once per call and reused. Rows
 with no key give zeros, never NaN. For a band that is one part of a larger softmax
 (:mod:`attention_zoo.sparse.band_and_tiles`), :func:`band_forward` also gives each row's log-sum-exp over its band and
-:func:`band_backward` takes the final O and factors exp(L_band - L) for the rows of the kept P.
+:func:`band_backward` takes the final O and factors exp(L_band - L) for the rows of the kept P; a learned sink
+(:mod:`attention_zoo.sinks`) is that case with L = log(exp(L_band) + exp(σ_h)).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from attention_zoo import chunking
 from attention_zoo.precision import compute_dtype
+from attention_zoo.sinks import add_sink, sink_gradient
 
 #: scores per chunk on the CPU: ~2 MB in float32, so that a chunk's working set stays in cache
 _CHUNK_ELEMENTS = 1 << 19
@@ -62,13 +64,17 @@ class Band:
         return -(-(self.tile + self.before + self.after) // self.tile) * self.tile
 
 
-def band_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, key_padding: Tensor | None, scale: float) -> Tensor:
+def band_attention(
+    q: Tensor, k: Tensor, v: Tensor, band: Band, key_padding: Tensor | None, scale: float, sinks: Tensor | None = None
+) -> Tensor:
     """softmax(Q K^T * scale) V over the band, and over real keys (``key_padding`` (B, N), True = real), for
-    (B, H, N, D) self-attention inputs. Half precision is computed in float32."""
+    (B, H, N, D) self-attention inputs; with ``sinks`` (H,), one more logit per head in the denominator
+    (:mod:`attention_zoo.sinks`). Half precision is computed in float32."""
     if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"band attention is self-attention: {q.shape[-2]} queries but {k.shape[-2]} keys")
     work = compute_dtype(q.dtype)
-    return BandAttention.apply(q.to(work), k.to(work), v.to(work), band, key_padding, scale).to(q.dtype)
+    sinks = None if sinks is None else sinks.to(work)
+    return BandAttention.apply(q.to(work), k.to(work), v.to(work), band, key_padding, scale, sinks).to(q.dtype)
 
 
 class BandRows:
@@ -252,17 +258,28 @@ def band_backward(
 
 class BandAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, band, key_padding, scale):
-        out, saved, _ = band_forward(q, k, v, band, key_padding, scale, with_lse=False)
-        ctx.save_for_backward(*saved, out)
+    def forward(ctx, q, k, v, band, key_padding, scale, sinks):
+        out, saved, lse = band_forward(q, k, v, band, key_padding, scale, with_lse=sinks is not None)
+        gate = total = None
+        if sinks is not None:  # O g with g = exp(L - L'), and P g in the backward
+            lse = from_tiles(band, lse, q.shape)
+            total = add_sink(lse, sinks)
+            gate = to_tiles(band, (lse - total).exp_()[..., None])
+            out.mul_(gate)
+        ctx.save_for_backward(*saved, out, gate, total, sinks)
         ctx.band, ctx.scale = band, scale
         return from_tiles(band, out, q.shape)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        *saved, out = ctx.saved_tensors
-        return (*band_backward(tuple(saved), ctx.band, ctx.scale, grad_out, out, None), None, None, None)
+        *saved, out, gate, total, sinks = ctx.saved_tensors
+        band = ctx.band
+        grads = band_backward(tuple(saved), band, ctx.scale, grad_out, out, gate)
+        grad_sinks = None
+        if sinks is not None and ctx.needs_input_grad[6]:
+            grad_sinks = sink_gradient(grad_out, from_tiles(band, out, grad_out.shape), total, sinks)
+        return (*grads, None, None, None, grad_sinks)
 
 
 def _add_blocks(target: Tensor, window: Tensor, first: int, blocks: int) -> None:

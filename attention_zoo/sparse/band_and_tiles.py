@@ -12,7 +12,7 @@ The band runs :mod:`attention_zoo.sparse.band` (contiguous key windows, no gathe
 :mod:`attention_zoo.sparse.tiled` (gathered key sets of the rest's layout). Backward: with the final O and L,
 each part's share of the gradient is that part's backward, P = exp(S - L) and dS = P * (dO V^T - rowsum(dO * O));
 the band kernel keeps its own P_B = exp(S - L_B), so its rows are scaled by exp(L_B - L). A row that sees no key
-in either part gets zeros.
+in either part gets zeros. A learned sink (:mod:`attention_zoo.sinks`) is one more term of L, exp(σ_h), with no value.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from attention_zoo.precision import compute_dtype
+from attention_zoo.sinks import add_sink, sink_gradient
 from attention_zoo.sparse.band import Band, band_backward, band_forward, from_tiles, to_tiles
 from attention_zoo.sparse.tiled import TileGroup, tiled_backward, tiled_forward
 
@@ -34,38 +35,44 @@ def band_and_tiled_attention(
     layout: tuple[TileGroup, ...],
     key_padding: Tensor | None,
     scale: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """softmax(Q K^T * scale) V over the band and the disjoint pairs of ``layout``, real keys only
-    (``key_padding`` (B, N), True = real), for (B, H, N, D) self-attention. Half precision runs in float32."""
+    (``key_padding`` (B, N), True = real), for (B, H, N, D) self-attention; with ``sinks`` (H,), one more logit per
+    head in the denominator (:mod:`attention_zoo.sinks`). Half precision runs in float32."""
     if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"band attention is self-attention: {q.shape[-2]} queries but {k.shape[-2]} keys")
     dtype = q.dtype
     q, k, v = (t.to(compute_dtype(dtype)).contiguous() for t in (q, k, v))
-    return BandAndTiledAttention.apply(q, k, v, band, layout, key_padding, scale).to(dtype)
+    sinks = None if sinks is None else sinks.to(q.dtype)
+    return BandAndTiledAttention.apply(q, k, v, band, layout, key_padding, scale, sinks).to(dtype)
 
 
 class BandAndTiledAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, band, layout, key_padding, scale):
+    def forward(ctx, q, k, v, band, layout, key_padding, scale, sinks):
         band_out, saved, band_lse = band_forward(q, k, v, band, key_padding, scale, with_lse=True)
         band_out, band_lse = from_tiles(band, band_out, q.shape), from_tiles(band, band_lse, q.shape)
         rest_out, rest_lse = tiled_forward(q, k, v, layout, key_padding, scale)
         lse = torch.logaddexp(band_lse, rest_lse)
+        if sinks is not None:
+            lse = add_sink(lse, sinks)
         # -inf - -inf on a row that sees no key in either part: its outputs are 0, its weights too
         band_weight = (band_lse - lse).exp_().nan_to_num_(nan=0.0)[..., None]
         out = band_out * band_weight + rest_out * (rest_lse - lse).exp_().nan_to_num_(nan=0.0)[..., None]
         lse.masked_fill_(lse == -torch.inf, torch.inf)  # so that the backward's exp(S - L) is 0 there
-        ctx.save_for_backward(q, k, v, out, lse, band_weight, key_padding, *saved)
+        ctx.save_for_backward(q, k, v, out, lse, band_weight, key_padding, sinks, *saved)
         ctx.band, ctx.layout, ctx.scale = band, layout, scale
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, out, lse, band_weight, key_padding, *saved = ctx.saved_tensors
+        q, k, v, out, lse, band_weight, key_padding, sinks, *saved = ctx.saved_tensors
         band, scale = ctx.band, ctx.scale
         grad_out = grad_out.contiguous()
         tiled = (to_tiles(band, t) for t in (out, band_weight))
         grads = band_backward(tuple(saved), band, scale, grad_out, *tiled)
         rest = tiled_backward(q, k, v, ctx.layout, key_padding, scale, grad_out, out, lse)
-        return *(a + b for a, b in zip(grads, rest, strict=True)), None, None, None, None
+        grad_sinks = sink_gradient(grad_out, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[7] else None
+        return *(a + b for a, b in zip(grads, rest, strict=True)), None, None, None, None, grad_sinks

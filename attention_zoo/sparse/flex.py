@@ -15,7 +15,8 @@ pattern's tiles, forward and backward.
   within each document, AND the document mask (query and key in the same document; padding after the last
   document attends nothing). It depends on the segments, so it is built per call, one row at a time: the
   mask function runs on one (n, n) grid per row, never on (B, n, n) at once.
-- A query with no allowed key gives zeros, the library convention (its log-sum-exp is -inf).
+- A query with no allowed key gives zeros, the library convention (its log-sum-exp is -inf). A learned sink
+  (:mod:`attention_zoo.sinks`) multiplies the output by sigmoid(L - σ_h), L the log-sum-exp it returns (differentiable).
 - The compiled kernel evaluates the mask function elementwise, so it must be pointwise in (q_idx, kv_idx): no
   reduction and no buffer or device copy inside it. Every rule of :mod:`attention_zoo.sparse.mask_mods` is;
   BigBird's random blocks are a lookup in a block-level bool matrix made on the device beforehand.
@@ -41,6 +42,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 
 from attention_zoo import packing
 from attention_zoo.masks import MaskMod
+from attention_zoo.sinks import per_head
 
 try:  # torch >= 2.9; return_lse is deprecated there
     from torch.nn.attention.flex_attention import AuxRequest
@@ -133,10 +135,17 @@ def _within_documents(mask_mod: MaskMod, query_docs: Tensor, key_docs: Tensor, q
 
 
 def flex_pattern_attention(
-    q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, mask: Tensor | None, scale: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    block_mask: BlockMask,
+    mask: Tensor | None,
+    scale: float,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Softmax attention over the keys ``block_mask`` allows, minus the padded keys of ``mask`` ((B, Nk) bool,
-    True = attend); rows with no allowed key are zeros. q, k, v: (B, H, N, D)."""
+    True = attend); rows with no allowed key are zeros. q, k, v: (B, H, N, D); ``sinks`` (H,): one more logit per
+    head in the denominator."""
     score_mod = None if mask is None else _key_padding(mask)
     if not torch.is_grad_enabled():  # torch refuses inputs that require grad on the CPU even under no_grad
         q, k, v = q.detach(), k.detach(), v.detach()
@@ -145,7 +154,11 @@ def flex_pattern_attention(
     out, aux = attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, **lse_request)
     lse = aux if AuxRequest is None else aux.lse
     empty = rearrange(torch.isneginf(lse), "b h i -> b h i 1")  # no allowed key: lse = log 0
-    return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    out = torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    if sinks is None:
+        return out
+    gate = torch.sigmoid(lse - per_head(sinks.to(lse.dtype), lse.ndim))  # exp(L - L'); 0 where L = -inf
+    return (out * rearrange(gate, "b h i -> b h i 1")).to(out.dtype)
 
 
 def _key_padding(mask: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]:

@@ -41,6 +41,11 @@ Per head (one of B*H), n = sequence length, d = head width:
 - ``gated_deltanet`` (causal only): the recurrent form of the paper, per position S k, the two rank-1 updates of
   S and S q, 2 d^2 each: **8 n d^2** (the gates and the decay are elementwise, not counted). The chunked kernel
   executes n (8 c d + 8 d^2 + 2 d^3 / c) for chunks of c (the c x c blocks, the UT transform's triangular solve).
+- ``nsa`` (causal only; compression blocks of l with stride s, ``select_count`` n blocks of l', window w): 4 d per
+  (query, key) pair of its three branches, counted exactly: the compressed blocks that end at or before the query
+  (about n^2 / (2 s): quadratic), the selected blocks (the own one up to the query; min(n, blocks so far) of l'),
+  and min(w, i + 1) window keys. The selection scores are the compressed branch's probabilities (the paper's eq. 8),
+  not counted again; the compression MLP and the gates are not counted.
 
 A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
 pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
@@ -188,6 +193,20 @@ def _performer(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
 @formula("gated_deltanet")
 def _gated_deltanet(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
     return 8 * n * d * d if causal else None
+
+
+@formula("nsa")
+def _nsa(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
+    if not causal:
+        return None
+    block, stride = options["compress_block"], options["compress_stride"]
+    select, count, window = options["select_block"], options["select_count"], options["window"]
+    pairs = 0
+    for t in range(n):
+        pairs += (t - block + 1) // stride + 1 if t >= block - 1 else 0  # compressed blocks ending at or before t
+        pairs += (min(count, t // select + 1) - 1) * select + t % select + 1  # selected blocks, the own one causal
+        pairs += min(window, t + 1)
+    return 4 * d * pairs
 
 
 def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Accuracy, time and memory in one table: ``zoo compare``'s short benchmark at long n, joined with the task.
 
 After the runs, :func:`long_n_axes` times the compared mechanisms with ``zoo bench`` (the attention core,
-forward+backward, float32, one thread, :data:`REPEATS` timed calls after one warm-up, each case in its own process
-bounded by :data:`CASE_TIMEOUT_S`) at each ``long_n``, into ``<experiment>/bench/`` (a rerun resumes it), then:
+forward+backward, causal when the task's model is (``--model.causal true``), float32, one thread, :data:`REPEATS`
+timed calls after one warm-up, each case in its own process bounded by :data:`CASE_TIMEOUT_S`) at each ``long_n``,
+into ``<experiment>/bench/`` (a rerun resumes it), then:
 
 - appends to ``summary.md`` and ``report.md`` one table, a row per mechanism: the task's metric (mean ± 95%
   interval over seeds) and its verdict, the median time at each long n and the peak memory at the largest, with a
@@ -51,9 +52,9 @@ def bench_spec(spec: AttentionSpec) -> AttentionSpec:
     return defaults.get(spec.name, AttentionSpec(spec.name))
 
 
-def run_bench(out: Path, specs: Sequence[AttentionSpec], long_n: Sequence[int]) -> Path:
-    """``zoo bench`` of ``specs`` (as :func:`bench_spec` times them) at ``long_n`` into ``out``; ValueError, one
-    line, when an entry cannot be built at these lengths. Returns ``out``."""
+def run_bench(out: Path, specs: Sequence[AttentionSpec], long_n: Sequence[int], *, causal: bool = False) -> Path:
+    """``zoo bench`` of ``specs`` (as :func:`bench_spec` times them) at ``long_n`` into ``out``, causal when the task
+    is; ValueError, one line, when an entry cannot be built at these lengths. Returns ``out``."""
     from experiments.bench.cases import BenchConfig, expand, invalid_entries
     from experiments.bench.command import resolve_device, with_baseline
     from experiments.bench.report import write_outputs
@@ -63,6 +64,7 @@ def run_bench(out: Path, specs: Sequence[AttentionSpec], long_n: Sequence[int]) 
     config = BenchConfig(
         attentions=list(dict.fromkeys(bench_spec(s) for s in specs)), seq_lens=list(long_n), levels=["core"],
         modes=["fwd+bwd"], dtypes=["float32"], threads=[1], repeats=REPEATS, warmup=1, case_timeout_s=CASE_TIMEOUT_S,
+        causal=causal,
     )  # fmt: skip
     config = with_baseline(config)
     if problems := invalid_entries(config):
@@ -76,17 +78,29 @@ def run_bench(out: Path, specs: Sequence[AttentionSpec], long_n: Sequence[int]) 
 
 def task_length(experiment: Path) -> int | None:
     """The task's sequence length, as the first run's ``config.yaml`` (Lightning's) records it; None if unknown."""
+    value = _first_recorded(experiment, "data", "seq_len")
+    return value if isinstance(value, int) else None
+
+
+def task_causal(experiment: Path) -> bool:
+    """Whether the task's model attends causally (``--model.causal true``), as the first run's ``config.yaml``
+    records it; False if unrecorded."""
+    return _first_recorded(experiment, "model", "causal") is True
+
+
+def _first_recorded(experiment: Path, section: str, key: str) -> Any:
     for path in sorted(experiment.glob("*/seed-*/config.yaml")):
-        data = (yaml.safe_load(path.read_text()) or {}).get("data") or {}
-        value = (data.get("init_args") or data).get("seq_len")
-        if isinstance(value, int):
+        part = (yaml.safe_load(path.read_text()) or {}).get(section) or {}
+        value = (part.get("init_args") or part).get(key)
+        if value is not None:
             return value
     return None
 
 
 def joined_lines(
-    summary: list[dict[str, Any]], bench: list[dict[str, Any]], metric: str, task_n: int | None
-) -> tuple[list[str], list[dict[str, Any]]]:
+    summary: list[dict[str, Any]], bench: list[dict[str, Any]], metric: str, task_n: int | None, *,
+    causal: bool = False,
+) -> tuple[list[str], list[dict[str, Any]]]:  # fmt: skip
     """The Markdown section of the joined table, and its plot's points (mechanisms timed at the largest n).
     ``summary``: :func:`experiments.compare.summary.summarize_mechanisms`'s rows; ``bench``: the timings of
     :func:`experiments.compare.report.load_bench`."""
@@ -113,7 +127,8 @@ def joined_lines(
         "",
         f"{metric} and verdict: the task's runs ({task}, mean ± 95% interval over seeds, at the comparison's budgets); "
         f"time: median ms of the attention core at its default budget for long sequences (zoo bench's), "
-        f"forward+backward, float32, one thread, at n = {', '.join(map(str, lengths))} (zoo bench, "
+        f"forward+backward{', causal' if causal else ''}, float32, one thread, at n = {', '.join(map(str, lengths))} "
+        "(zoo bench, "
         f"`{BENCH_FOLDER}/`); memory: the peak a call added at n = {largest}. Pareto: {metric} against the time at "
         f"n = {largest}, without mechanisms judged worse or not validated.",
         "",
@@ -169,7 +184,7 @@ def plot_axes(points: list[dict[str, Any]], metric: str, largest: int, path: Pat
 
 def write_axes(
     experiment: Path, bench_dir: Path, *, metric: str | None = None, reference: str = "full",
-    margin: float | None = None,
+    margin: float | None = None, causal: bool = False,
 ) -> list[str]:  # fmt: skip
     """Join ``experiment``'s runs with the timings in ``bench_dir``: ``zoo report``'s files, then the joined table
     appended to ``summary.md`` and ``report.md``, and :data:`PLOT`. Returns the names of the files written;
@@ -177,11 +192,11 @@ def write_axes(
     from experiments.compare.report import load_bench, load_compare, write_report
     from experiments.compare.summary import primary_metric, summarize_mechanisms
 
-    rows, bench = load_compare(experiment), load_bench(bench_dir)
+    rows, bench = load_compare(experiment), load_bench(bench_dir, causal=causal)
     metric = metric or primary_metric(rows)
     summary = [s for s in summarize_mechanisms(rows, metric, reference=reference, margin=margin) if s["ok"]]
-    lines, points = joined_lines(summary, bench, metric, task_length(experiment))
-    report = write_report(experiment, bench_dir, margin=margin)
+    lines, points = joined_lines(summary, bench, metric, task_length(experiment), causal=causal)
+    report = write_report(experiment, bench_dir, margin=margin, causal=causal)
     for path in (experiment / "summary.md", report):
         path.write_text(path.read_text() + "\n".join(lines) + "\n")
     plot_axes(points, metric, max(r["seq_len"] for r in bench), experiment / PLOT, experiment.name)
@@ -195,8 +210,9 @@ def long_n_axes(
     """:func:`run_bench` into ``<experiment>/bench/``, then :func:`write_axes`. Any failure is one ``say``d
     warning line and no file more (the comparison's own files stand): returns the names of the files written."""
     try:
-        bench_dir = run_bench(experiment / BENCH_FOLDER, specs, long_n)
-        return write_axes(experiment, bench_dir, metric=metric, reference=reference, margin=margin)
+        causal = task_causal(experiment)
+        bench_dir = run_bench(experiment / BENCH_FOLDER, specs, long_n, causal=causal)
+        return write_axes(experiment, bench_dir, metric=metric, reference=reference, margin=margin, causal=causal)
     except Exception as error:  # noqa: BLE001  (the accuracy summary must survive any failure of the benchmark)
         say(f"zoo compare: warning: no benchmark at long n ({type(error).__name__}: {error}); the summary stands")
         return []

@@ -508,17 +508,26 @@ def _identity(config: dict[str, Any]) -> dict[str, Any]:
     return identity
 
 
+#: the flags whose value is a config file, or the name of a packaged one
+CONFIG_FILE_FLAGS = ("--config", "--task-config")
+
+
 def main(argv: list[str]) -> int:
     """``zoo compare``; a refused setting (jsonargparse's errors and the checks below, all raised as
     ``ArgumentError`` before anything is written) is one ``zoo compare: error:`` line, exit code 2; a bare
     ``--verbose`` or ``ZOO_VERBOSE=1`` prints the parser's full message first."""
-    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, parser_error_line, take_verbose
+    from tasks.cli import VERBOSE_ENV, VERBOSE_FLAG, ConfigError, parser_error_line, resolve_config_flags, take_verbose
 
     own, fit_extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     (own, verbose), (fit_extra, fit_verbose) = take_verbose(own), take_verbose(fit_extra)
     verbose = verbose or fit_verbose  # a bare --verbose is no zoo fit option: after -- it asks this command too
     parser = build_parser()
     own = parser.dashed(own)  # once, so that the parses below see dashed flags and each note is printed once
+    try:  # a config by name, or by its path in the repository, from any folder (tasks/config_paths.py)
+        own = resolve_config_flags(own, CONFIG_FILE_FLAGS)
+    except ConfigError as error:
+        print(f"zoo compare: error: {error}", file=sys.stderr)
+        return 2
     try:
         with contextlib.ExitStack() as held:  # the experiment's lock, once _compare knows the experiment
             return _compare(own, fit_extra, held, verbose)

@@ -110,9 +110,9 @@ def _checked_run(row: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def load_bench(
-    directory: Path, *, mode: str = "fwd+bwd", dtype: str = "float32", level: str = "core"
+    directory: Path, *, mode: str = "fwd+bwd", dtype: str = "float32", level: str = "core", causal: bool = False
 ) -> list[dict[str, Any]]:
-    """The non-causal timings of a bench ``results.jsonl`` at ``mode``, ``dtype`` and ``level`` (the latest row
+    """The timings of a bench ``results.jsonl`` at ``mode``, ``dtype``, ``level`` and causality (the latest row
     of each case), checked: every line a JSON object, every timing with the fields the report reads."""
     path = directory / "results.jsonl"
     rows = []
@@ -131,11 +131,13 @@ def load_bench(
     chosen = [
         r for r in rows
         if r.get("kind") == "time" and r.get("status") == "ok" and r["mode"] == mode and r["dtype"] == dtype
-        and r["level"] == level and not r.get("causal")
+        and r["level"] == level and bool(r.get("causal")) == causal
     ]  # fmt: skip
     if not chosen:
-        found = sorted({f"{r.get('level')} {r.get('mode')} {r.get('dtype')}" for r in rows if r.get("kind") == "time"})
-        raise ValueError(f"{path} has no non-causal {level} {mode} {dtype} timings; it has {found}")
+        found = sorted({f"{'causal' if r.get('causal') else 'non-causal'} {r.get('level')} {r.get('mode')} "
+                        f"{r.get('dtype')}" for r in rows if r.get("kind") == "time"})  # fmt: skip
+        kind = "causal" if causal else "non-causal"
+        raise ValueError(f"{path} has no {kind} {level} {mode} {dtype} timings; it has {found}")
     latest: dict[tuple, dict[str, Any]] = {}
     for row in chosen:  # a rerun case replaces its earlier result
         latest[(row["attention"], json.dumps(row["options"], sort_keys=True), row["seq_len"])] = row
@@ -181,9 +183,10 @@ def write_report(
     dtype: str = "float32",
     level: str = "core",
     margin: float | None = None,
+    causal: bool = False,
 ) -> Path:
     rows = load_compare(experiment)
-    bench = load_bench(bench_dir, mode=mode, dtype=dtype, level=level)
+    bench = load_bench(bench_dir, mode=mode, dtype=dtype, level=level, causal=causal)
     metric = primary_metric(rows)
     summary = [s for s in summarize_mechanisms(rows, metric, reference="full", margin=margin) if s["ok"]]
     reference = next((s for s in summary if s["attention"] == "full"), None)
@@ -211,7 +214,8 @@ def write_report(
         f"# zoo report: {experiment.name}",
         "",
         f"- accuracy: `{experiment}` ({metric}, {sign} is better; mean ± 95% interval over seeds)",
-        f"- speed by length: `{bench_dir}` ({level}, {mode}, {dtype}, non-causal; speedup = full's median time /"
+        f"- speed by length: `{bench_dir}` ({level}, {mode}, {dtype}, {'causal' if causal else 'non-causal'}; "
+        "speedup = full's median time /"
         " the mechanism's)",
         "",
         "## The compared task",

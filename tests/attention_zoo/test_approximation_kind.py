@@ -20,10 +20,16 @@ EXACT_KINDS = ("none", "fixed sparsity", "content-selected sparsity")
 N = 48
 
 
-def softmax_under(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float) -> Tensor:
-    """softmax(q k^T scale) v over the allowed keys; a query with none gives zeros."""
+def softmax_under(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scale: float, sinks: Tensor | None = None
+) -> Tensor:
+    """softmax(q k^T scale) v over the allowed keys; a query with none gives zeros. ``sinks`` (H,): GPT-OSS's
+    learned sink logit per head, one more term exp(sink) in each row's denominator, with no value."""
     scores = torch.where(allowed, q @ k.mT * scale, float("-inf"))
     has_key = allowed.any(dim=-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.detach()[None, :, None, None].expand(*scores.shape[:-1], 1)
+        return torch.cat([torch.where(has_key, scores, 0.0), sink], dim=-1).softmax(dim=-1)[..., :-1] * has_key @ v
     return torch.where(has_key, scores, 0.0).softmax(dim=-1) * has_key @ v
 
 
@@ -69,7 +75,7 @@ def test_exact_kinds_are_full_attention_under_their_keys(case, causal):
     mask = torch.ones(2, N, dtype=torch.bool)
     mask[1, N - 7 :] = False
     out = core(q, k, v, mask=mask, causal=causal)
-    expected = softmax_under(q, k, v, allowed_keys(core, q, k, mask, causal), core.scale)
+    expected = softmax_under(q, k, v, allowed_keys(core, q, k, mask, causal), core.scale, getattr(core, "sinks", None))
     real = mask[:, None, :, None]  # padded queries are outside the contract
     torch.testing.assert_close(out * real, expected * real, rtol=1e-10, atol=1e-10)
 

@@ -23,8 +23,16 @@ FAMILIES = {
     "attention_zoo.nystrom": ("NystromAttention",),
     "attention_zoo.lsh": ("LSHAttention",),
     "attention_zoo.moba": ("MixtureOfBlockAttention",),
-    "attention_zoo.sparse": ("PatternAttention", "LocalAttention", "SparseAttention", "LongformerAttention",
-                             "BigBirdAttention"),  # fmt: skip
+    "attention_zoo.sparse": (
+        "PatternAttention",
+        "LocalAttention",
+        "SparseAttention",
+        "LongformerAttention",
+        "BigBirdAttention",
+        "StreamingLLMAttention",
+    ),  # fmt: skip
+    "attention_zoo.gated_deltanet": ("GatedDeltaNet",),
+    "attention_zoo.nsa": ("NativeSparseAttention",),
     "attention_zoo.kernel": ("PerformerAttention", "LinearAttention", "CosFormerAttention"),
     "attention_zoo.decoding": ("beam_search", "greedy_search"),
 }

@@ -91,7 +91,8 @@ def test_geometry_is_not_an_option(scratch_registry):
 
     with pytest.raises(TypeError, match="'dim_head' is part of the Geometry"):
         az.register_attention("old_style")(OldStyle)
-    assert [s.name for s in az.attention_options(az.get_attention_class("full"))] == ["backend", "dropout"]
+    options = az.attention_options(az.get_attention_class("full"))
+    assert [s.name for s in options] == ["backend", "dropout", "sink_logit"]
     with pytest.raises(TypeError, match="must be a Geometry"):
         az.get_attention_class("full")(8)
     core = az.create_attention("full", dim_head=8, heads=2, max_seq_len=16)

@@ -438,6 +438,13 @@ def test_flops_formulas():
     recurrent = core_case("gated_deltanet", n=100, batch=3, heads=2, dim_head=8, causal=True, mode="fwd")
     assert case_flops(recurrent) == 3 * 2 * 8 * 100 * 8**2
     assert case_flops(dataclasses.replace(recurrent, causal=False)) is None
+    # nsa: 4 d per (query, key) pair of its three branches, here at n = 8 with blocks of 2 (stride 2), selected
+    # blocks of 2 (3 of them), a window of 3: per query 0..7, compressed 0,1,1,2,2,3,3,4; selected 1,2,3,4,5,6,5,6;
+    # window 1,2,3,3,3,3,3,3
+    sparse = dataclasses.replace(recurrent, attention="nsa", seq_len=8, batch=1, heads=1,
+                                 options={"compress_block": 2, "compress_stride": 2, "select_block": 2,
+                                          "select_count": 3, "window": 3})  # fmt: skip
+    assert case_flops(sparse) == 4 * 8 * ((0 + 1 + 1 + 2 + 2 + 3 + 3 + 4) + 32 + 21)
 
 
 def test_window_pair_count_matches_the_dense_pattern():
@@ -639,7 +646,7 @@ def test_paired_targets_group_each_target_by_its_bound_and_causality():
     from experiments.bench.paired_targets import entries
 
     moba, performer = {"block_size": 128, "top_k": 4}, {"nb_features": 256}
-    causal = [("moba", moba), ("performer", performer), ("linear", {}), ("gated_deltanet", {})]
+    causal = [("moba", moba), ("performer", performer), ("linear", {}), ("gated_deltanet", {}), ("nsa", {})]
     assert entries(list(targets.TARGETS), "speed", True) == causal
     assert entries(list(targets.TARGETS), "scaling", True) == causal
     speed, scaling = (entries(list(targets.TARGETS), kind, False) for kind in ("speed", "scaling"))

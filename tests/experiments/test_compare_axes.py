@@ -139,3 +139,21 @@ def test_the_tiniest_compare_ends_with_the_joined_table(tmp_path):
     assert table["full"][1] == "reference" and set(table) == {"mechanism", "full", "self_only"}
     assert all(float(table[name][2]) > 0 for name in ("full", "self_only"))
     assert (directory / axes.PLOT).is_file() and (directory / "report.md").is_file()
+
+
+def test_a_causal_task_is_timed_causally(tmp_path):
+    """With ``--model.causal true`` the runs attend causally, and so does the benchmark: a causal-only core (which a
+    bidirectional benchmark refuses) gets its time, against causal full attention."""
+    args = ["--task-config", RECALL, "--attentions", "full,gated_deltanet", "--runs-dir", str(tmp_path / "runs"),
+            "--fit-args", json.dumps([*fit_args(max_steps=2), "--model.causal", "true"]), "--jobs", "1",
+            "--long-n", "[32]"]  # fmt: skip
+    zoo = compare_command(tmp_path / "cache", ROOT, *args)
+    result = zoo("--experiment", "causal")
+    directory = tmp_path / "runs" / "causal"
+    runs_of(result, directory)
+    assert axes.task_causal(directory) and "no benchmark" not in result.stderr, result.stderr
+    timed = [json.loads(line) for line in (directory / "bench" / "results.jsonl").read_text().splitlines()]
+    assert {(r["attention"], r["causal"], r["status"]) for r in timed if r.get("kind") == "time"} == {
+        ("full", True, "ok"), ("gated_deltanet", True, "ok")}  # fmt: skip
+    summary = (directory / "summary.md").read_text()
+    assert "forward+backward, causal, float32" in summary and float(_table(summary)["gated_deltanet"][2]) > 0

@@ -151,3 +151,29 @@ def test_lra_jobs_reaches_every_compare(given, jobs, tmp_path, monkeypatch, caps
 def test_lra_jobs_below_one_is_refused_in_one_line(tmp_path, capsys):
     assert lra.main(["--suite-config", suite_config(tmp_path), "--jobs", "0"]) == 2
     assert capsys.readouterr().err == "zoo lra: error: --jobs must be >= 1 (runs at once), got 0\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--config", "compare_causal"), ("--config", "configs/compare_causal.yaml"), ("--config=", "compare_causal"),
+     ("--task-config", "recall"), ("--task_config", "configs/recall.yaml")],
+)  # fmt: skip
+def test_configs_are_found_by_name_from_any_folder(flag, value, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no configs/ here: the packaged configs are read
+    argv = [flag + value] if flag.endswith("=") else [flag, value]
+    with pytest.raises(SystemExit) as done:
+        cli.main(["compare", *argv, "--print_config"])
+    assert done.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    if "config" in flag and "task" not in flag:
+        assert printed["experiment"] == "recall-64-causal" and printed["fit_args"] == ["--model.causal", "true"]
+    else:
+        assert printed["task_config"].endswith("recall.yaml")
+
+
+def test_a_config_that_names_nothing_is_one_line_with_the_closest_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["compare", "--task-config", "recal"]) == 2
+    err = capsys.readouterr().err
+    assert err == "zoo compare: error: --task-config recal: 'recal' is neither a file here nor a packaged config; " \
+                  "did you mean 'recall'?\n"  # fmt: skip

@@ -153,7 +153,7 @@ def test_bench_sweep_of_no_case_is_refused(tmp_path, capsys):
     assert "the sweep has no case: no attention applies to seq_lens [64, 128] (full [1024, any])" in error
     assert bench.main(["--check-targets", "--attentions", "sparse", "--out", str(out)]) == 2
     error = capsys.readouterr().err
-    assert "no performance target for ['sparse']; targets exist for: cosformer, linear, linformer" in error
+    assert "no performance target for ['sparse']; targets exist for: cosformer, gated_deltanet, linear," in error
     sweep.write_text("seq_lens: [64\n")
     assert bench.main(["--config", str(sweep), "--out", str(out)]) == 2  # YAML that does not parse
     assert capsys.readouterr().err.startswith("zoo bench: error: ")

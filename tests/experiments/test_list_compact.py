@@ -21,7 +21,8 @@ def expected_cells(name: str) -> tuple[str, str, str, str, str]:
     else:
         decoding = f"via {cls.causal_counterpart}" if cls.causal_counterpart else "-"
     yes_no = {True: "yes", False: "no"}
-    return name, cls.approximation, yes_no[cls.supports_causal], yes_no[cls.supports_segments], decoding
+    causal = "only" if cls.causal_only else yes_no[cls.supports_causal]
+    return name, cls.approximation, causal, yes_no[cls.supports_segments], decoding
 
 
 def listed(capsys, monkeypatch, columns: int, *argv: str) -> list[str]:
