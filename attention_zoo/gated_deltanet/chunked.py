@@ -67,10 +67,12 @@ def chunk_gated_delta_rule(
 
     state = q.new_zeros(*q.shape[:2], k.shape[-1], v.shape[-1]) if initial is None else initial
     starts = []
-    for chunk in range(q.shape[2]):  # the only sequential part: M_0 of the next chunk from this one's
+    # unbind, not indexing per chunk: the backward of g selections would write g full-size gradients (O(g^2))
+    chunks = zip(rearrange(inject, "b h g d e -> g (b h) d e").unbind(0),
+                 rearrange(transition, "b h g d f -> g (b h) d f").unbind(0), strict=True)  # fmt: skip
+    for inject_chunk, transition_chunk in chunks:  # the only sequential part: M_0 of the next chunk from this one's
         starts.append(state)
-        state = torch.baddbmm(inject[:, :, chunk].flatten(0, 1), transition[:, :, chunk].flatten(0, 1),
-                              state.flatten(0, 1)).view_as(state)  # fmt: skip
+        state = torch.baddbmm(inject_chunk, transition_chunk, state.flatten(0, 1)).view_as(state)
     starts = torch.stack(starts, dim=2)  # (b h g d e): M_0 of every chunk
 
     u = u_tilde - w @ starts
