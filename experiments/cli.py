@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "demo": ("experiments.demo", "main", "build every registered attention on a small input and print a table"),
     "compare": (
-        "experiments.compare.command",
+        "experiments.compare.flags",
         "main",
         "train one task per attention and seed; summary with intervals, plots",
     ),

@@ -34,9 +34,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from scipy import stats
+if TYPE_CHECKING:
+    from scipy.stats._distn_infrastructure import rv_continuous
 
 Verdict = Literal["reference", "on par", "better", "worse", "inconclusive"]
 
@@ -117,7 +118,7 @@ def summarize(
     if n == 1:
         return Interval(1, mean, 0.0, mean, mean)
     std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
+    half = float(_student_t().ppf(0.5 + confidence / 2, n - 1)) * std / math.sqrt(n)
     low, high = mean - half, mean + half
     if bounds[0] is not None:
         low = max(low, bounds[0])
@@ -198,9 +199,10 @@ def paired_difference(
     else:
         std = math.sqrt(sum((d - mean) ** 2 for d in differences) / (n - 1))
         error = std / math.sqrt(n)
-        half95 = float(stats.t.ppf(0.975, n - 1)) * error
-        half90 = float(stats.t.ppf(0.95, n - 1)) * error
-        p_value = float(2 * stats.t.sf(abs(mean) / error, n - 1))
+        t = _student_t()
+        half95 = float(t.ppf(0.975, n - 1)) * error
+        half90 = float(t.ppf(0.95, n - 1)) * error
+        p_value = float(2 * t.sf(abs(mean) / error, n - 1))
         low, high, low90, high90 = mean - half95, mean + half95, mean - half90, mean + half90
         basis = ""
     floor, ceiling = difference_bounds(bounds)
@@ -219,3 +221,10 @@ def paired_difference(
 
 def _direction(difference: float, higher_is_better: bool) -> Verdict:
     return "better" if (difference > 0) == higher_is_better else "worse"
+
+
+def _student_t() -> rv_continuous:
+    """scipy's Student t distribution, imported on first use: the commands that only print help never load scipy."""
+    from scipy import stats
+
+    return stats.t

@@ -32,13 +32,12 @@ import math
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 import yaml
 
-import attention_zoo as az
-from attention_zoo.spec import parse_list
+if TYPE_CHECKING:  # torch and the zoo are imported where they are used: zoo bench --help stays fast
+    from attention_zoo.spec import AttentionSpec
 
 Level = Literal["core", "mha", "layer", "encoder", "seq2seq"]
 Mode = Literal["fwd", "fwd+bwd", "decode", "decode-recompute", "decode-step"]
@@ -55,7 +54,7 @@ DECODE_MODES: tuple[str, ...] = ("decode", "decode-recompute")
 class SweepEntry:
     """One mechanism of a sweep (``spec``), and the sequence lengths it applies to."""
 
-    spec: az.AttentionSpec
+    spec: AttentionSpec
     min_seq_len: int = 1
     max_seq_len: int | None = None
 
@@ -66,6 +65,8 @@ class SweepEntry:
 def sweep_entries(entry: str | dict[str, Any]) -> list[SweepEntry]:
     """The entries of one item of ``attentions``: specs in the flag syntax (``full,linformer:k=128``), or a YAML
     mapping ``{attention, options, min_seq_len, max_seq_len}``."""
+    from attention_zoo.spec import AttentionSpec, parse_list
+
     if isinstance(entry, str):
         return [SweepEntry(spec) for spec in parse_list(entry)]
     unknown = set(entry) - {"attention", "options", "min_seq_len", "max_seq_len"}
@@ -77,7 +78,7 @@ def sweep_entries(entry: str | dict[str, Any]) -> list[SweepEntry]:
     bounds = [entry.get("min_seq_len", 1), entry.get("max_seq_len")]
     if not isinstance(entry.get("options", {}), dict) or not all(_is_a(b, int) for b in bounds if b is not None):
         raise ValueError(f"attention entry {entry!r}: options must be a mapping, min_seq_len and max_seq_len ints")
-    spec = az.AttentionSpec(entry["attention"], entry.get("options") or {})
+    spec = AttentionSpec(entry["attention"], entry.get("options") or {})
     return [SweepEntry(spec, *bounds)]
 
 
@@ -130,8 +131,10 @@ class BenchConfig:
     )
 
     def __post_init__(self) -> None:
-        # a spec alone is an entry of every length: BenchConfig(attentions=[az.AttentionSpec("full")])
-        self.attentions = [SweepEntry(e) if isinstance(e, az.AttentionSpec) else e for e in self.attentions]
+        from attention_zoo.spec import AttentionSpec
+
+        # a spec alone is an entry of every length: BenchConfig(attentions=[AttentionSpec("full")])
+        self.attentions = [SweepEntry(e) if isinstance(e, AttentionSpec) else e for e in self.attentions]
         for spec in dataclasses.fields(self):
             _check_type(spec.name, getattr(self, spec.name), typing.get_type_hints(BenchConfig)[spec.name])
         for name, allowed in (("levels", LEVELS), ("modes", MODES), ("dtypes", DTYPES)):
@@ -213,10 +216,14 @@ def invalid_entries(config: BenchConfig) -> list[str]:
     return problems
 
 
-def _build_error(spec: az.AttentionSpec, heads: int, dim_head: int, n: int) -> str | None:
+def _build_error(spec: AttentionSpec, heads: int, dim_head: int, n: int) -> str | None:
     """Why the core cannot be built at this size (its ``ValueError``), or None if it can. Built on the
     ``meta`` device, so a large Linformer projection costs nothing; any other exception is the runner's
     to record, not a sign of bad options."""
+    import torch
+
+    import attention_zoo as az
+
     try:
         with torch.device("meta"):
             az.create_attention(spec.name, dim_head=dim_head, heads=heads, max_seq_len=n, **spec.options)
@@ -269,8 +276,10 @@ class Case:
     kind: Kind = "time"
 
     @property
-    def spec(self) -> az.AttentionSpec:
-        return az.AttentionSpec(self.attention, self.options)
+    def spec(self) -> AttentionSpec:
+        from attention_zoo.spec import AttentionSpec
+
+        return AttentionSpec(self.attention, self.options)
 
     @property
     def label(self) -> str:

@@ -36,19 +36,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
-from rich.markdown import Markdown
 
-import attention_zoo as az
-from experiments.bench import paired_targets, tables, targets
 from experiments.bench.cases import BenchConfig, Case, SweepEntry, expand, invalid_entries, load_config
-from experiments.bench.report import write_outputs
-from experiments.bench.runner import Runner
-from experiments.bench.store import HalfWrittenLine, ResultStore, selected_rows
 from experiments.console import console
 from experiments.subcommands import ZooArgumentParser
 from tasks.config_paths import ConfigNotFoundError, resolve_config
+
+if typing.TYPE_CHECKING:  # torch, the zoo and the measuring modules are imported where used: --help stays fast
+    from attention_zoo.spec import AttentionSpec
 
 #: the sweep settings that ``--check-targets`` honours; every other one would change what a target is measured at
 TARGET_SETTINGS = {"attentions", "threads", "repeats", "warmup", "rounds", "case_timeout_s", "isolation",
@@ -151,13 +147,18 @@ def build_parser(prog: str = "zoo bench", *, targets_only: bool = False) -> ZooA
 
 
 def resolve_device(device: str) -> str:
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
 
 
-def default_attentions() -> list[az.AttentionSpec]:
+def default_attentions() -> list[AttentionSpec]:
     """One config per registered mechanism (see the module docstring for which)."""
+    import attention_zoo as az
+    from experiments.bench import targets
+
     target_options = {t.attention: t.options for t in targets.TARGETS}
     specs = []
     for name in az.list_attentions():
@@ -173,17 +174,22 @@ def default_attentions() -> list[az.AttentionSpec]:
 
 
 def with_baseline(config: BenchConfig) -> BenchConfig:
+    from attention_zoo.spec import AttentionSpec
+    from experiments.bench import tables
+
     if not config.attentions:
         config = dataclasses.replace(config, attentions=[SweepEntry(spec) for spec in default_attentions()])
     if any(tables.is_baseline({"attention": e.spec.name, "options": e.spec.options}) for e in config.attentions):
         return config
     console().print("adding full (SDPA backend) as the baseline")
-    return dataclasses.replace(config, attentions=[SweepEntry(az.AttentionSpec("full")), *config.attentions])
+    return dataclasses.replace(config, attentions=[SweepEntry(AttentionSpec("full")), *config.attentions])
 
 
 def plan(args: argparse.Namespace, overrides: dict[str, Any]) -> tuple[BenchConfig, list[Case], set[str] | None]:
     """The validated sweep and its cases (and, with ``--check-targets``, the mechanisms named); raises
     ``ValueError`` listing every problem, before anything has run or been written."""
+    from experiments.bench import targets
+
     config = load_config(args.config, overrides)
     names = None
     if args.check_targets:
@@ -231,6 +237,8 @@ def main(argv: list[str], prog: str = "zoo bench") -> int:
 
 def run(args: argparse.Namespace, prog: str) -> int:
     """Run a parsed ``zoo bench`` or ``zoo targets`` (``prog``) command line."""
+    from experiments.bench.store import HalfWrittenLine
+
     args.out, args.prog = Path(args.out or ("runs/targets" if args.check_targets else "runs/bench")), prog
     show = warnings.showwarning
 
@@ -247,6 +255,8 @@ def run(args: argparse.Namespace, prog: str) -> int:
 
 def _results_folder(out: Path, report_only: bool, check_targets: bool) -> str | None:
     """Why ``out`` cannot hold this command's results (or, ``report_only``, has none to report), or None."""
+    from experiments.bench import paired_targets
+
     if out.exists() and not out.is_dir():
         return f"--out {out} is a file, not a folder"
     records = ["results.jsonl"] + [paired_targets.PAIRED_FILE] * check_targets
@@ -260,6 +270,13 @@ def _results_folder(out: Path, report_only: bool, check_targets: bool) -> str | 
 
 
 def _main(args: argparse.Namespace) -> int:
+    from rich.markdown import Markdown
+
+    from experiments.bench import paired_targets, tables, targets
+    from experiments.bench.report import write_outputs
+    from experiments.bench.runner import Runner
+    from experiments.bench.store import ResultStore, selected_rows
+
     if args.launcher == "local" and (args.ray_address is not None or args.run_cpus is not None):
         print(f"{args.prog}: error: --ray-address and --run-cpus go with --launcher ray", file=sys.stderr)
         return 2

@@ -34,11 +34,11 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
+from experiments import preload
 from experiments.bench.cases import DECODE_MODES, BenchConfig, Case
 from experiments.bench.flops import case_flops
 from experiments.bench.measure import RESULT_MARKER, measure_case, measure_peak_tflops
 from experiments.bench.store import ResultStore, case_of, code_fingerprint, machine_info, now
-from experiments.compare import preload
 from experiments.console import console
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def precheck(case: Case) -> dict[str, str] | None:
 
 
 def run_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> dict[str, Any]:
-    """One job in a fresh process, forked from the preloaded forkserver of :mod:`experiments.compare.preload`
+    """One job in a fresh process, forked from the preloaded forkserver of :mod:`experiments.preload`
     (its imports are done once, not per case) or, where there is none, a ``python -m experiments.bench.measure``;
     its result, or why there is none."""
     if preload.available():

@@ -36,7 +36,7 @@ finished run did not log stops the comparison there, with the metrics it logged,
 
 Each run trains in its own ``zoo fit`` process (``threads`` torch threads), so a crash or an out-of-memory
 error stays its own and the peak memory is that run's alone (its resident set, even beside other runs); the
-processes are forked from one that has imported torch and Lightning once (``experiments/compare/preload.py``),
+processes are forked from one that has imported torch and Lightning once (``experiments/preload.py``),
 so a run does not pay those imports. Outputs, in ``<runs_dir>/<experiment>/``: one TensorBoard run per mechanism
 and seed (``<label>/seed-<s>``) and a Custom Scalars layout with one chart per metric; ``runs.csv``,
 ``summary.csv``, ``summary.md``, ``accuracy_vs_throughput.png``, ``peak_memory.png``; the resolved
@@ -82,7 +82,6 @@ the cluster at ``--ray-address`` (``experiments/compare/ray_runs.py``); the defa
 from __future__ import annotations
 
 import contextlib
-import difflib
 import io
 import logging
 import os
@@ -92,21 +91,25 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from jsonargparse import ActionConfigFile, ArgumentError, ArgumentParser
-from jsonargparse.typing import Path_fr
+from jsonargparse import ArgumentError
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import attention_zoo as az
 from attention_zoo.spec import AttentionSpec, parse_entries
-from experiments.compare import preload
+from experiments import preload
+from experiments.compare.flags import (
+    DEFAULT_CONFIG,
+    MAX_SEED,
+    build_parser,
+    names_task,
+    usable_cores,
+)
 from experiments.compare.lock import ExperimentLocked, experiment_lock
 from experiments.compare.ray_runs import LAUNCHER_SETTINGS, run_compare
 from experiments.compare.runs import (
@@ -140,12 +143,7 @@ from experiments.compare.summary import (
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
 from experiments.ray_launcher import RayLauncherError, connect, require_ray
-from experiments.subcommands import OneLineErrors, examples_epilog, jsonargparse_formatter, plain
 
-#: the task configs: ``configs/`` of the repository, which ``experiments/configs`` links to, so that a wheel ships
-#: them as package data of ``experiments`` and an installed ``zoo compare`` finds its default where it is installed
-CONFIGS = Path(str(resources.files("experiments") / "configs"))
-DEFAULT_CONFIG = CONFIGS / "compare.yaml"
 #: settings that may change between a run of an experiment and its resumption
 RESUMABLE_CHANGES = (
     "seeds", "timeout", "fresh", "bench", "long_n", "config", "metric", "reference", "margin", "test", "force_unlock",
@@ -153,146 +151,6 @@ RESUMABLE_CHANGES = (
 )  # fmt: skip
 #: paths of compare.yaml that name one place however they are written (relative or not)
 PATH_SETTINGS = ("task_config", "runs_dir", "shared_dir")
-#: the largest seed Lightning's seed_everything takes (numpy's seeds are unsigned 32-bit)
-MAX_SEED = 2**32 - 1
-#: the examples of ``--help``
-EXAMPLES = (
-    "zoo compare --attentions full,linformer:k=32,local:window=16 --seeds 5 --jobs 2",
-    "zoo compare --task-config configs/listops.yaml --experiment listops -- --trainer.max_steps 200",
-)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-class Parser(OneLineErrors, ArgumentParser):
-    """jsonargparse's parser for ``zoo compare`` and ``zoo lra``: plain help (:func:`experiments.subcommands.plain`,
-    examples kept line for line), a usage error in one line with the closest flags, and a flag's underscore spelling
-    (``--task_config``) read as its dashed one (``--task-config``) with a note. Config files keep their keys
-    (``task_config:``): jsonargparse names a dashed flag's key with underscores."""
-
-    def __init__(self, prog: str, doc: str, examples: Sequence[str], **options: Any) -> None:
-        super().__init__(
-            prog=prog, description=plain(doc.split("\n\n")[0]), epilog=examples_epilog(examples),
-            formatter_class=jsonargparse_formatter(), exit_on_error=False, **options,
-        )  # fmt: skip
-
-    def one_line(self, message: str) -> str:
-        """:meth:`OneLineErrors.one_line`, where a misspelt flag is named with every flag about as close as the
-        closest (``--seedz``: ``--seed`` or ``--seeds``; difflib alone prefers the shorter), and a setting's key
-        (``task_config``) as its flag (``--task-config``)."""
-        unrecognized = re.match(r"unrecognized arguments: (.*)", message, flags=re.IGNORECASE | re.DOTALL)
-        if not unrecognized:
-            return re.sub(r"^--(\w+)", lambda m: "--" + m[1].replace("_", "-"), super().one_line(message))
-        given = [arg.split("=", 1)[0] for arg in unrecognized[1].split()]
-        flags = [arg for arg in given if arg.startswith("-")] or given
-        long_flags = [flag for flag in self.flags() if flag.startswith("--")]
-        named = [flag + (closest_flags(flag, long_flags) if flag.startswith("-") else "") for flag in flags]
-        hint = "" if any("did you mean" in n for n in named) else f"; {self.prog} --help lists the options"
-        return f"unrecognized argument{'s' * (len(flags) > 1)} {', '.join(named)}{hint}"
-
-
-def closest_flags(flag: str, known: Sequence[str]) -> str:
-    """`` (did you mean '--seed' or '--seeds'?)``: the known flags within 0.1 of the closest one's similarity
-    (difflib's ratio, at least 0.6), at most three; ``""`` when none is close."""
-    scored = sorted(((difflib.SequenceMatcher(None, flag, k).ratio(), k) for k in known), reverse=True)
-    close = [k for score, k in scored[:3] if score >= 0.6 and score >= scored[0][0] - 0.1] if scored else []
-    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
-
-
-def build_parser(*, default_experiment: bool = False) -> ArgumentParser:
-    """The command's parser; ``default_experiment``: with :data:`DEFAULT_CONFIG` as its default config file, so
-    that its defaults, in ``--help`` and ``--print_config`` too, are those of the bare ``zoo compare``."""
-    parser = Parser(
-        "zoo compare", __doc__, EXAMPLES,
-        default_config_files=[str(DEFAULT_CONFIG)] if default_experiment else None,
-    )  # fmt: skip
-    parser.add_argument(
-        "--config", action=ActionConfigFile, help="a compare config (configs/compare.yaml if no --task-config)"
-    )
-    parser.add_argument(
-        "--experiment", type=str | None, default=None, help="experiment name, a folder of --runs-dir (null: the task's)"
-    )
-    parser.add_argument("--task-config", type=Path_fr, help="the zoo fit config (relative paths: to the config file)")
-    parser.add_argument(
-        "--attentions",
-        type=str | None,
-        default=None,
-        help="mechanisms in the flag syntax of attention_zoo.spec, e.g. full,linformer:k=32,sharing=kv (null: every "
-        "mechanism that takes padding masks)",
-    )
-    parser.add_argument("--options", type=dict[str, dict[str, Any]], default={}, help="options per mechanism")
-    parser.add_argument("--fit-args", type=list[str], default=[], help="extra zoo fit arguments for every run")
-    parser.add_argument(
-        "--seed", type=int, default=0, help=f"the first seed, 0 to {MAX_SEED} (model initialisation, data order)"
-    )
-    parser.add_argument("--seeds", type=int, default=1, help="seeds per mechanism: seed, seed + 1, ...")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run (OMP_NUM_THREADS)")
-    parser.add_argument(
-        "--jobs", type=int, default=usable_cores(),
-        help="local launcher: runs at once (default: the usable cores of this machine); above 1, speed and memory "
-        "are measured concurrently",
-    )  # fmt: skip
-    parser.add_argument("--runs-dir", type=str, default="runs", help="where the experiment directory goes")
-    parser.add_argument("--timeout", type=float | None, default=None, help="seconds per run before it is stopped")
-    parser.add_argument(
-        "--metric", type=str | None, default=None, help="order and judge by this metric (default: val_acc, ...)"
-    )
-    parser.add_argument(
-        "--reference", type=str | None, default=None,
-        help="the entry every verdict compares with (paired by seed): a label, or a mechanism listed once "
-        "(default: full)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--control", type=bool, nargs="?", const=True, default=False,
-        help=f"add the no-attention control arm, {CONTROL} (each position attends only to itself), unless listed; "
-        "--control alone or --control true",
-    )  # fmt: skip
-    parser.add_argument(
-        "--restart", type=str | None, default=None,
-        help="comma-separated runs, <label>/seed-<s> (e.g. linformer/seed-1), to delete and train anew: a run "
-        "that cannot continue (unreadable checkpoint); the other runs are kept",
-    )  # fmt: skip
-    parser.add_argument(
-        "--margin", type=float | None, default=None,
-        help="equivalence margin δ in the metric's units (default: acc 0.01, loss 0.02, BLEU 0.5, ppl 2% of the "
-        "reference's)",
-    )  # fmt: skip
-    parser.add_argument("--bench", type=str | None, default=None, help="a zoo bench --out folder: also run zoo report")
-    parser.add_argument(
-        "--long-n", type=list[int] | None, default=None,
-        help="after the runs, time the same mechanisms with zoo bench at these n (core, fwd+bwd, one thread) into "
-        "<experiment>/bench/ and join accuracy, time and memory in one table (experiments/compare/axes.py; "
-        "null: no benchmark)",
-    )  # fmt: skip
-    parser.add_argument("--fresh", type=bool, default=False, help="never resume: use a new experiment directory")
-    parser.add_argument(
-        "--test", type=bool, default=False, help="after each fit, zoo test its last.ckpt (test metrics join the run)"
-    )
-    parser.add_argument(
-        "--launcher",
-        type=Literal["local", "ray"],
-        default="local",
-        help="local: --jobs runs at once on this machine; ray: Ray tasks",
-    )
-    parser.add_argument(
-        "--ray-address", type=str | None, default=None,
-        help="ray: auto, ray://host:port or host:port (default: start a local Ray on this machine)",
-    )  # fmt: skip
-    parser.add_argument("--run-cpus", type=float | None, default=None, help="ray: CPUs per run (default: --threads)")
-    parser.add_argument("--run-gpus", type=float, default=0, help="ray: GPUs per run")
-    parser.add_argument(
-        "--shared-dir", type=str | None, default=None,
-        help="ray: a folder every node mounts at the same path; the experiment goes there (instead of --runs-dir) and "
-        "runs write into it directly (without it, a cluster run's files are sent back to this machine)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--force-unlock", type=bool, default=False,
-        help="take over the experiment's lock even when another host holds it (experiments/compare/lock.py)",
-    )  # fmt: skip
-    return parser
 
 
 def default_attentions() -> list[str]:
@@ -545,24 +403,6 @@ def main(argv: list[str]) -> int:
         more = "" if whole else f" ({VERBOSE_FLAG} or {VERBOSE_ENV}=1: the parser's full message)"
         print(f"zoo compare: error: {line}{more}", file=sys.stderr)
         return 2
-
-
-def names_task(own: list[str]) -> bool:
-    """Whether the command's own arguments name a task (``--task-config``, or a ``--config`` that has one); when
-    they cannot be parsed, True: the parser without the default experiment then refuses them as before.
-    ``--help`` and ``--print_config`` (with its flags) are left out, since they would stop the parse."""
-    probe, skip = [], False
-    for argument in own:
-        if skip and not argument.startswith("-"):
-            skip = False
-            continue
-        skip = argument == "--print_config"
-        if argument not in ("-h", "--help") and not argument.startswith("--print_config"):
-            probe.append(argument)
-    try:
-        return build_parser().parse_args(probe).task_config is not None
-    except ArgumentError:
-        return True
 
 
 def _compare(own: list[str], fit_extra: list[str], held: contextlib.ExitStack, verbose: bool) -> int:

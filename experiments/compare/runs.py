@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attention_zoo as az
-from experiments.compare import preload
+from experiments import preload
 from experiments.compare.summary import validated
 from experiments.machine_paths import CHECKOUT, is_site_folder, machine_folders, portable_text
 from tasks.callbacks import RUN_RECORD, read_json_record
@@ -215,7 +215,7 @@ def execute(
     on_progress: Any = None,
     log_name: str = "fit.log",
 ) -> tuple[int, float, str]:
-    """Run ``zoo <args>`` (started by :mod:`experiments.compare.preload`) with its output in
+    """Run ``zoo <args>`` (started by :mod:`experiments.preload`) with its output in
     ``run_dir/<log_name>``; return (exit code, wall seconds, how it ended: ``"exited"``, ``"timed out"`` or
     ``"interrupted"``). ``on_progress(step, max_steps)`` is called
     while it runs; setting ``stop`` ends it early (SIGINT, then SIGKILL after 15 s)."""

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from experiments.compare import preload
+from experiments import preload
 from experiments.compare.command import check_entries, plan
 from experiments.compare.runs import Run, RunSettings, attempt, is_finished, resume_checkpoint, run_row, shown_path
 from experiments.lra import table

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 
-from experiments.compare.command import CONFIGS, Parser
+from experiments.compare.flags import CONFIGS, Parser
 from experiments.compare.runs import shown_path
 from experiments.compare.tensorboard_layout import layout
 from experiments.console import console

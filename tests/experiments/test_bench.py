@@ -22,7 +22,7 @@ from rich.console import Console
 import attention_zoo as az
 from attention_zoo import registry
 from attention_zoo.full import FullAttention
-from experiments import cli
+from experiments import cli, preload
 from experiments.bench import measure as bench_measure
 from experiments.bench import runner as bench_runner
 from experiments.bench import tables as bench_tables
@@ -35,7 +35,6 @@ from experiments.bench.plots import write_tensorboard
 from experiments.bench.report import write_outputs
 from experiments.bench.runner import Runner, precheck
 from experiments.bench.store import ResultStore, case_of
-from experiments.compare import preload
 
 
 def core_case(attention="full", options=None, n=64, **changes) -> Case:

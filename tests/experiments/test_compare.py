@@ -18,6 +18,7 @@ import yaml
 
 import attention_zoo as az
 from experiments.compare import command as compare
+from experiments.compare import flags
 from experiments.compare.runs import attention_arguments, failure_reason
 from experiments.compare.tensorboard_layout import read_layout
 from tasks.data import recall
@@ -158,7 +159,7 @@ def test_failure_reason_prefers_the_run_record_then_the_cli_error_then_the_excep
 
 @pytest.mark.parametrize("name", ["compare.yaml", "compare_variants.yaml"])
 def test_default_config_parses_and_builds_every_mechanism_it_names(name):
-    config = compare.build_parser().parse_args(["--config", str(compare.CONFIGS / name)])
+    config = compare.build_parser().parse_args(["--config", str(flags.CONFIGS / name)])
     assert Path(config.task_config.absolute).is_file() and config.experiment and config.threads >= 1
     assert config.seeds >= 3  # a 95% interval needs at least 3 seeds to be worth printing
     entries = compare.plan(config.attentions, config.options)

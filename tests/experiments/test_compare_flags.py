@@ -11,6 +11,7 @@ import yaml
 
 from experiments import cli
 from experiments.compare import command as compare
+from experiments.compare import flags
 from experiments.lra import command as lra
 from tests.experiments.tiny_recall import RECALL, ROOT
 
@@ -121,9 +122,9 @@ def test_a_misspelt_flag_is_one_line_naming_the_closest_flags(capsys):
 
 def test_closest_flags_names_every_flag_about_as_close_as_the_closest():
     known = ["--seed", "--seeds", "--threads", "--jobs"]
-    assert compare.closest_flags("--seedz", known) == " (did you mean '--seed' or '--seeds'?)"
-    assert compare.closest_flags("--thread", known) == " (did you mean '--threads'?)"
-    assert compare.closest_flags("--zzzzzzzz", known) == ""
+    assert flags.closest_flags("--seedz", known) == " (did you mean '--seed' or '--seeds'?)"
+    assert flags.closest_flags("--thread", known) == " (did you mean '--threads'?)"
+    assert flags.closest_flags("--zzzzzzzz", known) == ""
 
 
 def suite_config(tmp_path) -> str:

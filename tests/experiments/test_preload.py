@@ -1,4 +1,4 @@
-"""``zoo compare``'s runs started from the preloaded forkserver (experiments/compare/preload.py): each is a process
+"""``zoo compare``'s runs started from the preloaded forkserver (experiments/preload.py): each is a process
 of its own with its log, its exit code, its environment and its own session, as a subprocess was."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.compare import preload
+from experiments import preload
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-#: imported once by the forkserver: ``tasks.cli`` pulls in torch, Lightning, torchmetrics and every task, and
-#: ``experiments.bench.measure`` the benchmark's worker (:func:`start_function`). Not
+#: imported once by the forkserver: ``tasks.cli`` pulls in torch, Lightning, torchmetrics and every task (and with
+#: them the zoo, which a benchmark's worker started by :func:`start_function` then imports in no time). Not
 #: ``experiments.cli``: a child started from ``python -m experiments.cli`` re-runs its main module, which runpy
 #: warns about when that module is already imported
-PRELOADED = ["tasks.cli", "experiments.bench.measure"]
+PRELOADED = ["tasks.cli"]
 #: the ``zoo`` commands a run may be: those of :mod:`tasks.cli`
 TASK_COMMANDS = ("fit", "validate", "test")
 
