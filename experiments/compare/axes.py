@@ -43,13 +43,16 @@ PLOT = "accuracy_vs_time.png"
 
 def bench_spec(spec: AttentionSpec) -> AttentionSpec:
     """The entry's mechanism as the benchmark times it: at its default budget for long sequences, the one ``zoo
-    bench`` times by default (:func:`experiments.bench.command.default_attentions`), with its default kernel. The
-    entry's own options are sized for the task's length (MoBA's blocks of 2 at n = 64), which at long n would time a
+    bench`` times by default (:func:`experiments.bench.command.default_attentions`), with its default kernel, and
+    the entry's switches (boolean options such as ``sink_logit``: a variant of the mechanism, not a size). The
+    entry's sizes are chosen for the task's length (MoBA's blocks of 2 at n = 64), which at long n would time a
     setting nobody runs there."""
     from experiments.bench.command import default_attentions
 
     defaults = {default.name: default for default in default_attentions()}
-    return defaults.get(spec.name, AttentionSpec(spec.name))
+    base = defaults.get(spec.name, AttentionSpec(spec.name))
+    switches = {name: value for name, value in spec.options.items() if isinstance(value, bool)}
+    return AttentionSpec(base.name, {**base.options, **switches}) if switches else base
 
 
 def run_bench(out: Path, specs: Sequence[AttentionSpec], long_n: Sequence[int], *, causal: bool = False) -> Path:

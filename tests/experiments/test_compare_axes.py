@@ -120,6 +120,10 @@ def test_the_benchmark_times_the_default_budget_and_kernel_not_the_comparisons()
     expected = next(spec for spec in default_attentions() if spec.name == "moba")
     assert axes.bench_spec(axes.AttentionSpec("moba", {"block_size": 2, "top_k": 16, "impl": "dense"})) == expected
     assert "impl" not in expected.options and expected.options.get("block_size") != 2
+    # a switch is a variant of the mechanism, not a size: it is timed with it
+    local = next(spec for spec in default_attentions() if spec.name == "local")
+    sink = axes.bench_spec(axes.AttentionSpec("local", {"window": 62, "sink_logit": True, "impl": "dense"}))
+    assert sink == axes.AttentionSpec("local", {**local.options, "sink_logit": True})
 
 
 def test_the_tiniest_compare_ends_with_the_joined_table(tmp_path):
