@@ -7,8 +7,11 @@ so :meth:`~attention_zoo.core.DecodingState.reorder` (beam search) applies to th
 - :class:`KeyValueState`: keys, values (B, H, capacity, D) and the real-token mask (B, capacity) of the
   first ``size`` slots. Appending grows the buffers by doubling, so T new positions cost O(T) amortised
   copies, not a copy of the whole cache at every step.
-- :class:`PatternState`: the same plus the absolute position of each slot, for the sparse patterns,
-  which drop the keys that no later query can reach (:func:`pattern_decoding_step`, which asks the
+- :class:`BlockState`: keys, values and real-token flags in slots of whole blocks, written in place at their
+  positions (:meth:`BlockState.reserve` doubles the capacity): the block-selecting cores (MoBA, NSA), whose
+  selection reads whole blocks.
+- :class:`PatternState`: :class:`KeyValueState` plus the absolute position of each slot, for the sparse
+  patterns, which drop the keys that no later query can reach (:func:`pattern_decoding_step`, which asks the
   pattern, a :class:`DecodingPattern`, which keys each query attends and which keys stay reachable).
   A learned sink (:mod:`attention_zoo.sinks`) is a logit, not a key: it takes no slot.
 
@@ -33,6 +36,37 @@ from attention_zoo.sinks import sink_softmax
 
 #: slots allocated at the first step, at least: short decodes never reallocate
 _FIRST_CAPACITY = 16
+
+
+class BlockState(DecodingState):
+    """Keys, values (B, H, capacity, D) and real-token flags (B, capacity) at their absolute positions, in whole
+    blocks; slots past ``length`` are empty and not real. Written in place: decoding with it is for inference."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.real: Tensor | None = None
+
+    def reserve(self, like: Tensor, slots: int) -> int:
+        """Room for ``slots`` positions (a multiple of the block), doubling the capacity when it grows, in ``like``'s
+        dtype and device; returns the number of slots added (0: there was room)."""
+        have = 0 if self.keys is None else self.keys.shape[-2]
+        if slots <= have:
+            return 0
+        extra = max(slots, 2 * have) - have
+        batch, heads, _, dim = like.shape
+        self.keys = grown(self.keys, (batch, heads, extra, dim), like.dtype, like.device)
+        self.values = grown(self.values, (batch, heads, extra, dim), like.dtype, like.device)
+        self.real = grown(self.real, (batch, extra), torch.bool, like.device)
+        return extra
+
+
+def grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``old`` with ``shape``'s zeros appended on its position axis (2 for (B, H, N, ...), else 1); the zeros
+    alone when ``old`` is None."""
+    new = torch.zeros(shape, dtype=dtype, device=device)
+    return new if old is None else torch.cat([old, new], dim=2 if len(shape) == 4 else 1)
 
 
 class KeyValueState(DecodingState):

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from attention_zoo import chunking
 from attention_zoo.core import AttentionCore, DecodingState, Geometry
+from attention_zoo.decoding.cache import BlockState, grown
 from attention_zoo.masks import masked_attention
 from attention_zoo.moba.tiled import moba_attention
 from attention_zoo.precision import compute_dtype
@@ -163,7 +164,7 @@ class MixtureOfBlockAttention(
         assert isinstance(state, BlockCache)
         start, end, c = state.length, state.length + q.shape[-2], self.block_size
         real = torch.ones(q.shape[0], q.shape[-2], dtype=torch.bool, device=q.device) if mask is None else mask
-        state.reserve(k, -(-end // c) * c, c)
+        state.reserve_blocks(k, -(-end // c) * c, c)
         state.keys[:, :, start:end] = k
         state.values[:, :, start:end] = v
         state.real[:, start:end] = real
@@ -174,41 +175,27 @@ class MixtureOfBlockAttention(
         return routed_attention(q, state.keys, state.values, selected, state.real, c, start, True, self.scale)
 
 
-class BlockCache(DecodingState):
-    """MoBA's decoding state: keys, values and real-token flags in whole blocks (slots past ``length`` are
-    empty and not real; capacity doubles), and each block's running key sum and real-key count (float32 for half
-    inputs); causal gating reads a block's mean only once the block is complete. A step (a few queries at an
-    offset) uses the tiled kernel of :mod:`attention_zoo.sparse.tiled`: the (b, h, position) axes flattened into
-    one row axis and, per rank, the pairs sorted by block and cut into tiles of T queries against the B keys of
-    that block. The cache is written in place, so autograd cannot reach back through earlier steps (it raises):
-    decoding is for inference."""
+class BlockCache(BlockState):
+    """MoBA's decoding state: keys, values and real-token flags in whole blocks (:class:`BlockState`), and each
+    block's running key sum and real-key count (float32 for half inputs); causal gating reads a block's mean only
+    once the block is complete. A step (a few queries at an offset) uses the tiled kernel of
+    :mod:`attention_zoo.sparse.tiled`: the (b, h, position) axes flattened into one row axis and, per rank, the pairs
+    sorted by block and cut into tiles of T queries against the B keys of that block. The cache is written in place,
+    so autograd cannot reach back through earlier steps (it raises): decoding is for inference."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.keys: Tensor | None = None  # (B, H, capacity, D)
-        self.values: Tensor | None = None
-        self.real: Tensor | None = None  # (B, capacity) bool
         self.key_sums: Tensor | None = None  # (B, H, capacity / block_size, D)
         self.key_counts: Tensor | None = None  # (B, capacity / block_size)
 
-    def reserve(self, like: Tensor, slots: int, block_size: int) -> None:
-        """Room for ``slots`` positions (a multiple of ``block_size``), doubling the capacity when it grows."""
-        have = 0 if self.keys is None else self.keys.shape[-2]
-        if slots <= have:
-            return
-        extra = max(slots, 2 * have) - have
-        batch, heads, _, dim = like.shape
-        work = compute_dtype(like.dtype)
-
-        def grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-            new = torch.zeros(shape, dtype=dtype, device=like.device)
-            return new if old is None else torch.cat([old, new], dim=2 if len(shape) == 4 else 1)
-
-        self.keys = grown(self.keys, (batch, heads, extra, dim), like.dtype)
-        self.values = grown(self.values, (batch, heads, extra, dim), like.dtype)
-        self.real = grown(self.real, (batch, extra), torch.bool)
-        self.key_sums = grown(self.key_sums, (batch, heads, extra // block_size, dim), work)
-        self.key_counts = grown(self.key_counts, (batch, extra // block_size), work)
+    def reserve_blocks(self, like: Tensor, slots: int, block_size: int) -> None:
+        """:meth:`BlockState.reserve`, and room for the sums and counts of the blocks added."""
+        extra = self.reserve(like, slots)
+        if extra:
+            batch, heads, _, dim = like.shape
+            work = compute_dtype(like.dtype)
+            self.key_sums = grown(self.key_sums, (batch, heads, extra // block_size, dim), work, like.device)
+            self.key_counts = grown(self.key_counts, (batch, extra // block_size), work, like.device)
 
 
 def routed_attention(

@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from attention_zoo import chunking
 from attention_zoo.core import AttentionCore, DecodingState, Geometry
+from attention_zoo.decoding.cache import BlockState
 from attention_zoo.masks import masked_attention, sdpa
 from attention_zoo.moba.attention import routed_attention
 from attention_zoo.moba.tiled import moba_attention
@@ -294,37 +295,23 @@ class NativeSparseAttention(
         return self.mix(q, compressed, chosen, windowed)
 
 
-class NSACache(DecodingState):
+class NSACache(BlockState):
     """NSA's decoding state (float32 for half-precision inputs): keys, values and real-token flags in whole
-    selection blocks (slots past ``length`` are empty and not real; capacity doubles), and the compressed keys and
-    values of every complete compression block with their real flags (a block is compressed once, by the step
-    that completes it). Written in place: decoding is for inference."""
+    selection blocks (:class:`~attention_zoo.decoding.cache.BlockState`), and the compressed keys and values of
+    every complete compression block with their real flags (a block is compressed once, by the step that completes
+    it). Written in place: decoding is for inference."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.keys: Tensor | None = None  # (B, H, capacity, D)
-        self.values: Tensor | None = None
-        self.real: Tensor | None = None  # (B, capacity) bool
         self.compressed_keys: Tensor | None = None  # (B, H, M, D)
         self.compressed_values: Tensor | None = None
         self.compressed_real: Tensor | None = None  # (B, M) bool
 
-    def reserve(self, like: Tensor, slots: int) -> None:
-        """Room for ``slots`` positions (a multiple of the selection block), doubling the capacity when it grows."""
-        batch, heads, _, dim = like.shape
-        if self.keys is None:
+    def reserve(self, like: Tensor, slots: int) -> int:
+        """:meth:`BlockState.reserve`; at the first step also the empty compressed keys, values and flags."""
+        if self.compressed_keys is None:
+            batch, heads, _, dim = like.shape
             self.compressed_keys = like.new_zeros(batch, heads, 0, dim)
             self.compressed_values = like.new_zeros(batch, heads, 0, dim)
             self.compressed_real = torch.zeros(batch, 0, dtype=torch.bool, device=like.device)
-        have = 0 if self.keys is None else self.keys.shape[-2]
-        if slots <= have:
-            return
-        extra = max(slots, 2 * have) - have  # both multiples of the selection block
-
-        def grown(old: Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-            new = torch.zeros(shape, dtype=dtype, device=like.device)
-            return new if old is None else torch.cat([old, new], dim=2 if len(shape) == 4 else 1)
-
-        self.keys = grown(self.keys, (batch, heads, extra, dim), like.dtype)
-        self.values = grown(self.values, (batch, heads, extra, dim), like.dtype)
-        self.real = grown(self.real, (batch, extra), torch.bool)
+        return super().reserve(like, slots)
