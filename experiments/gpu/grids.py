@@ -58,7 +58,12 @@ class Grid:
                 for entry in self.entries:
                     if n < entry.min_seq_len and not smoke:
                         continue
-                    out.append(dataclasses.replace(base, spec=entry.at(smoke), seq_len=n, mode=mode))
+                    spec = entry.at(smoke)
+                    # a causal-only core has no bidirectional form: it is timed causally (its row says so)
+                    causal = base.causal or (
+                        spec.name in az.list_attentions() and az.get_attention_class(spec.name).causal_only
+                    )
+                    out.append(dataclasses.replace(base, spec=spec, seq_len=n, mode=mode, causal=causal))
         return out
 
 

@@ -669,8 +669,9 @@ def test_compare_experiment_must_be_a_plain_folder_name(name, tmp_path):
          "full message)"),
         (["--seeds", "abc"], "--seeds abc: expected int (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
         (["--seed", "-1"], "--seed must be >= 0 (seeds are seed .. seed + seeds - 1), got -1"),
-        (["--task-config", "/nowhere/missing.yaml"], "--task-config: Not of type Path_fr: File does not exist: "
-         "'/nowhere/missing.yaml' (--verbose or ZOO_VERBOSE=1: the parser's full message)"),
+        (["--task-config", "/nowhere/missing.yaml"], "--task-config /nowhere/missing.yaml: '/nowhere/missing.yaml' is "
+         "neither a file here nor a packaged config; packaged: compare, compare_causal, compare_variants, listops, "
+         "majority, mlm, recall, text, translation, bench/..., lra/..., studies/..."),
         (["--bench", "."], "--bench: . has no results.jsonl: not a zoo bench --out folder"),
     ],
     ids=["negative-seed-everything", "fit-key", "type", "negative-seed", "missing-task-config", "bench-folder"],

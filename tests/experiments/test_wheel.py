@@ -65,16 +65,16 @@ def test_the_installed_commands_find_their_configs_inside_the_installed_package(
 import json, sys
 import experiments
 from experiments.bench.cases import load_config
-from experiments.compare import command
+from experiments.compare import flags
 from experiments.studies import mlm
-parser = command.build_parser()
+parser = flags.build_parser()
 studies = {{}}
 for name in {STUDY_CONFIGS!r}:
-    config = parser.parse_args(["--config", str(command.CONFIGS / name)])
+    config = parser.parse_args(["--config", str(flags.CONFIGS / name)])
     studies[name] = config.task_config.absolute if config.task_config else None
-bench = {{name: load_config(command.CONFIGS / name, {{}}).seq_lens for name in {BENCH_CONFIGS!r}}}
-default = parser.parse_args(["--config", str(command.DEFAULT_CONFIG)])
-print(json.dumps({{"package": experiments.__path__[0], "default": str(command.DEFAULT_CONFIG),
+bench = {{name: load_config(flags.CONFIGS / name, {{}}).seq_lens for name in {BENCH_CONFIGS!r}}}
+default = parser.parse_args(["--config", str(flags.DEFAULT_CONFIG)])
+print(json.dumps({{"package": experiments.__path__[0], "default": str(flags.DEFAULT_CONFIG),
                   "task": default.task_config.absolute, "mlm": str(mlm.CONFIGS), "studies": studies,
                   "bench": bench}}))
 """
