@@ -12,6 +12,7 @@ components (``/a/b`` is not a prefix of ``/a/bc``) at the start of a token (not 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import site
@@ -71,3 +72,24 @@ def portable_text(text: str, folders: list[tuple[str, str]]) -> str:
         pattern = re.compile(rf"{_START}{re.escape(folder)}(/|{_END})")
         text = pattern.sub(lambda m, label=label: f"{label}{m[1]}" if label else ("" if m[1] else "."), text)
     return text
+
+
+def shown_path(path: str | Path) -> str:
+    """``path`` as the files of a comparison name it: relative to the working directory when below it, else
+    relative to the checkout when below it (``configs/recall.yaml``), else normalised and absolute."""
+    normal = Path(os.path.normpath(Path(path).absolute()))
+    for base in (Path.cwd(), CHECKOUT):
+        if not is_site_folder(base):
+            with contextlib.suppress(ValueError):
+                return str(normal.relative_to(base))
+    return str(normal)
+
+
+def resolve_shown(text: str) -> str:
+    """The absolute path that :func:`shown_path` wrote as ``text``: a relative one below the working directory
+    when it exists there, else below the checkout."""
+    path = Path(text)
+    if path.is_absolute():
+        return str(path)
+    here = Path.cwd() / path
+    return str(here if here.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path)

@@ -124,9 +124,7 @@ from experiments.compare.runs import (
     is_finished,
     is_tested,
     record_runs_at_once,
-    resolve_shown,
     run_row,
-    shown_path,
 )
 from experiments.compare.summary import (
     CONTROL,
@@ -142,6 +140,7 @@ from experiments.compare.summary import (
 )
 from experiments.compare.tensorboard_layout import write_layout
 from experiments.console import console
+from experiments.machine_paths import resolve_shown, shown_path
 from experiments.ray_launcher import RayLauncherError, connect, require_ray
 
 #: settings that may change between a run of an experiment and its resumption

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import attention_zoo as az
 from experiments import preload
 from experiments.compare.summary import validated
-from experiments.machine_paths import CHECKOUT, is_site_folder, machine_folders, portable_text
+from experiments.machine_paths import machine_folders, portable_text, shown_path
 from tasks.callbacks import RUN_RECORD, read_json_record
 
 #: the files of a run that name paths (``portable_files``)
@@ -107,27 +107,6 @@ def readable_checkpoint(path: Path) -> bool:
             return bool(archive.namelist())
     except (OSError, zipfile.BadZipFile):
         return False
-
-
-def shown_path(path: str | Path) -> str:
-    """``path`` as the files of a comparison name it: relative to the working directory when below it, else
-    relative to the checkout when below it (``configs/recall.yaml``), else normalised and absolute."""
-    normal = Path(os.path.normpath(Path(path).absolute()))
-    for base in (Path.cwd(), CHECKOUT):
-        if not is_site_folder(base):
-            with contextlib.suppress(ValueError):
-                return str(normal.relative_to(base))
-    return str(normal)
-
-
-def resolve_shown(text: str) -> str:
-    """The absolute path that :func:`shown_path` wrote as ``text``: a relative one below the working directory
-    when it exists there, else below the checkout."""
-    path = Path(text)
-    if path.is_absolute():
-        return str(path)
-    here = Path.cwd() / path
-    return str(here if here.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path)
 
 
 def path_rewrites(experiment: Path, shown_experiment: str) -> list[tuple[str, str]]:

@@ -36,9 +36,10 @@ import yaml
 
 from experiments import preload
 from experiments.compare.command import check_entries, plan
-from experiments.compare.runs import Run, RunSettings, attempt, is_finished, resume_checkpoint, run_row, shown_path
+from experiments.compare.runs import Run, RunSettings, attempt, is_finished, resume_checkpoint, run_row
 from experiments.lra import table
 from experiments.lra.command import SUITES, Suite, read_suite, skip_reason
+from experiments.machine_paths import shown_path
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "results" / "lra-gpu"

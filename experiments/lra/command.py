@@ -37,10 +37,9 @@ import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 
 from experiments.compare.flags import CONFIGS, Parser
-from experiments.compare.runs import shown_path
-from experiments.compare.tensorboard_layout import layout
 from experiments.console import console
 from experiments.lra import table
+from experiments.machine_paths import shown_path
 
 Scale = Literal["lite", "reference"]
 #: the suite configs: ``configs/lra/<scale>.yaml``
@@ -286,6 +285,8 @@ def write_suite_layout(directory: Path, val_metrics: list[str]) -> None:
     charts of :func:`experiments.compare.tensorboard_layout.layout` over every task's metrics, under the
     category ``LRA``; TensorBoard's layouts select tags, not runs, so each chart overlays every task's runs."""
     from torch.utils.tensorboard import SummaryWriter
+
+    from experiments.compare.tensorboard_layout import layout
 
     for old in directory.glob("events.out.tfevents.*.lra-layout"):
         old.unlink()

@@ -28,7 +28,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 import attention_zoo as az
 from attention_zoo.integrations.transformers import use_attention
-from experiments.compare.command import shown_path
+from experiments.machine_paths import shown_path
 from tasks.data.mlm import default_corpus_dir, list_corpus_files, split_stream
 
 SEQ_LEN, VOCAB = 256, 256  # bytes

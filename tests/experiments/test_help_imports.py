@@ -11,7 +11,7 @@ import pytest
 HEAVY = ("torch", "lightning", "scipy")
 
 
-@pytest.mark.parametrize("command", ["compare", "bench", "targets", "study", "list", "demo"])
+@pytest.mark.parametrize("command", ["compare", "bench", "targets", "study", "lra", "list", "demo"])
 def test_help_imports_no_heavy_module(command):
     code = (
         "import sys\n"
