@@ -25,9 +25,10 @@ every logger's ``save_dir`` must be a directory this process can write in (or cr
 model is built, and still before the Trainer writes anything: the checkpoint a run resumes from (``--ckpt_path
 last``: the run's newest ``last.ckpt``) must have the configured attention and options and fit the model's
 weights; otherwise one error line names the sizes that differ and the run's files stay as they were.
-``zoo validate`` / ``test`` refuse ``--ckpt_path best`` and a ``last`` with no checkpoint (an untrained model)
-and name a vocabulary that differs from the checkpoint's as the data's; ``--seed_everything`` must be in
-[0, 2**32 - 1]. A refusal raised inside the Trainer (the data's ``prepare_data``, a task/data mismatch) removes
+``zoo validate`` / ``test`` read ``--ckpt_path last`` as the newest run's ``checkpoints/last.ckpt`` and log beside
+that run, in its ``validate/`` or ``test/`` folder, as for a checkpoint file of a run; they refuse ``--ckpt_path
+best`` and a ``last`` with no checkpoint (an untrained model) and name a vocabulary that differs from the
+checkpoint's as the data's; ``--seed_everything`` must be in [0, 2**32 - 1]. A refusal raised inside the Trainer (the data's ``prepare_data``, a task/data mismatch) removes
 the run folder this command created. A size that ``--ckpt_path`` overrides (LightningCLI builds the model with
 the checkpoint's hyperparameters) is named in one ``zoo <command>: warning:`` line.
 
@@ -231,6 +232,11 @@ class ZooCLI(LightningCLI):
         if self.subcommand == "fit":
             check_training_length(config.trainer)
         ckpt_path = config.get("ckpt_path")
+        if self.subcommand in EVALUATIONS and ckpt_path == "last":
+            # the newest run's last.ckpt, by name: then evaluated beside that run's files, as a file path would be
+            newest = newest_last_checkpoint(config.trainer.logger, config.model.init_args.attention)
+            if newest is not None:
+                config.ckpt_path = ckpt_path = str(newest)
         if not (self.subcommand in EVALUATIONS and place_evaluation(config.trainer.logger, ckpt_path, self.subcommand)):
             place_run(config.trainer.logger, config.model.init_args.attention, resume=ckpt_path == "last")
         for logger in _listed(config.trainer.logger):
@@ -445,11 +451,28 @@ def place_run(logger: object, attention: str, *, resume: bool) -> None:
     if init.get("version") is not None:
         return
     init.name = f"{init.name}/{attention}" if init.get("name") else attention
-    if resume:
-        root = Path(init.save_dir) / init.name
-        versions = [int(m[1]) for p in root.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
-        if versions:
-            init.version = max(versions)
+    if resume and (version := newest_version(Path(init.save_dir) / init.name)) is not None:
+        init.version = version
+
+
+def newest_last_checkpoint(logger: object, attention: str) -> Path | None:
+    """``checkpoints/last.ckpt`` of the newest ``version_<n>`` that :func:`place_run` gives a TensorBoard logger
+    without an explicit ``version`` for ``attention`` (what ``--ckpt_path last`` resumes); None if there is none."""
+    if not getattr(logger, "class_path", "").endswith("TensorBoardLogger"):
+        return None
+    init = logger.init_args
+    if init.get("version") is not None:
+        return None
+    root = Path(init.save_dir) / (f"{init.name}/{attention}" if init.get("name") else attention)
+    version = newest_version(root)
+    newest = None if version is None else root / f"version_{version}" / "checkpoints" / "last.ckpt"
+    return newest if newest is not None and newest.is_file() else None
+
+
+def newest_version(root: Path) -> int | None:
+    """The largest n of the ``version_<n>`` folders in ``root``; None if there is none."""
+    versions = [int(m[1]) for p in root.glob("version_*") if (m := re.fullmatch(r"version_(\d+)", p.name))]
+    return max(versions) if versions else None
 
 
 def place_evaluation(logger: object, ckpt_path: str | None, stage: str) -> bool:

@@ -78,6 +78,8 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
 
     assert cli.main(["test", *args, "--ckpt_path", "last"]) == 0
     assert "test/bleu" in capsys.readouterr().out
+    # "last" names the newest run's last.ckpt: tested beside it, in its test/ folder, not in a new version_1
+    assert sorted(p.name for p in run_dir.parent.iterdir()) == ["version_0"] and (run_dir / "test").is_dir()
     tested = record(run_dir)["metrics"]  # the fitted run's own record, updated in place
     assert 0 <= tested["test/bleu"] <= 100 and 0 <= tested["test/chrf"] <= 100
     assert tested["test/copy_bleu"] == pytest.approx(fitted["copy_baseline"]["test"]["bleu"], rel=1e-6)
@@ -86,7 +88,7 @@ def test_fit_then_test_with_one_attention_flag(attention, tmp_path, capsys, capl
             assert tested[f"test/{search}_{cache}_sentences_per_s"] > 0
     assert tested["val/bleu"] == metrics["val/bleu"]  # the fit's metrics stay
     # the test translations, kept for paired tests between runs: every test pair once, and exactly what was scored
-    (kept,) = (runs / "translation" / attention).glob("version_*/test_translations.jsonl")
+    (kept,) = (runs / "translation" / attention).glob("version_*/test/test_translations.jsonl")
     rows = [json.loads(line) for line in kept.read_text(encoding="utf-8").splitlines()]
     assert sorted(row["index"] for row in rows) == list(range(fitted["corpus"]["pairs"]["test"]))
     rescored = corpus_scores([r["translation"] for r in rows], [r["reference"] for r in rows])["bleu"]
