@@ -28,7 +28,8 @@ weights; otherwise one error line names the sizes that differ and the run's file
 ``zoo validate`` / ``test`` read ``--ckpt_path last`` as the newest run's ``checkpoints/last.ckpt`` and log beside
 that run, in its ``validate/`` or ``test/`` folder, as for a checkpoint file of a run; they refuse ``--ckpt_path
 best`` and a ``last`` with no checkpoint (an untrained model) and name a vocabulary that differs from the
-checkpoint's as the data's; ``--seed_everything`` must be in [0, 2**32 - 1]. A refusal raised inside the Trainer (the data's ``prepare_data``, a task/data mismatch) removes
+checkpoint's as the data's; ``--seed_everything`` must be in [0, 2**32 - 1]. A refusal raised inside the Trainer
+(the data's ``prepare_data``, a task/data mismatch) removes
 the run folder this command created. A size that ``--ckpt_path`` overrides (LightningCLI builds the model with
 the checkpoint's hyperparameters) is named in one ``zoo <command>: warning:`` line.
 
