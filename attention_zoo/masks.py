@@ -65,15 +65,23 @@ def masked_softmax(scores: Tensor, allowed: Tensor | None, dim: int = -1) -> Ten
 
 
 def masked_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, key_padding: Tensor | None, scale: float
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, key_padding: Tensor | None, scale: float,
+    sinks: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """softmax(q K^T * scale) V over the keys ``allowed`` (bool, broadcastable to (B, H, Nq, Nk)) that are also real
-    (``key_padding`` (B, Nk), True = real, or None); a query with no such key gets zeros."""
+    (``key_padding`` (B, Nk), True = real, or None); a query with no such key gets zeros. ``sinks`` (H,): a learned
+    sink logit per head in the softmax's denominator (:func:`attention_zoo.sinks.sink_softmax`)."""
     # b: batch, h: heads, i: queries, j: keys, d: head dim
     if key_padding is not None:
         allowed = allowed & rearrange(key_padding, "b j -> b 1 1 j")
     scores = einsum(q * scale, k, "b h i d, b h j d -> b h i j")  # scaled before the product: q . k may overflow fp16
-    return einsum(masked_softmax(scores, allowed), v, "b h i j, b h j d -> b h i d")
+    if sinks is None:
+        probs = masked_softmax(scores, allowed)
+    else:
+        from attention_zoo.sinks import sink_softmax  # sinks builds on this module
+
+        probs = sink_softmax(scores, allowed, sinks)
+    return einsum(probs, v, "b h i j, b h j d -> b h i d")
 
 
 def pad_mask(lengths: Tensor, n: int) -> Tensor:

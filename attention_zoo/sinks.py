@@ -18,8 +18,9 @@ and, with π_ij = exp(s_ij - L'_i) (row sum g_i), dO the output gradient and δ_
     ∂/∂s_ij = π_ij (dO_i v_j - δ_i),   ∂/∂σ_h = -Σ_i exp(σ_h - L'_i) δ_i   (over the batch and the queries),
 
 i.e. a kernel that keeps P = softmax(s) scales it by g_i, and takes the sink's output o in δ and L' as its
-log-sum-exp. Paths: :func:`sink_softmax` where the scores are at hand (math backend, dense reference, decoding
-caches); :func:`sink_sdpa` for fused SDPA, which returns no log-sum-exp (the sink as one more key); :func:`add_sink`
+log-sum-exp. Paths: :func:`sink_softmax` where the scores are at hand (math backend, the dense reference through
+:func:`~attention_zoo.masks.masked_attention`, decoding caches); :func:`sink_sdpa` for fused SDPA, which returns
+no log-sum-exp (the sink as one more key); :func:`add_sink`
 and :func:`sink_gradient` for kernels that return L (band, band and tiles, FlexAttention). The logits start at 0
 (GPT-OSS's Hugging Face port draws them from N(0, 0.02); the released ones are trained): at first the sink weighs
 as much as one key of score 0. :func:`naive_sink_attention` is the float64 reference, a loop over the first equation.
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from einops import einsum, rearrange
+from einops import rearrange
 from torch import Tensor
 
 from attention_zoo.masks import sdpa
@@ -49,18 +50,6 @@ def sink_softmax(scores: Tensor, allowed: Tensor | None, sinks: Tensor) -> Tenso
     shift = torch.maximum(scores.amax(dim=-1, keepdim=True), sink).detach()  # finite: the sink is always there
     weights = (scores - shift).exp()
     return weights / (weights.sum(dim=-1, keepdim=True) + (sink - shift).exp())
-
-
-def sink_attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, key_padding: Tensor | None, sinks: Tensor, scale: float
-) -> Tensor:
-    """:func:`~attention_zoo.masks.masked_attention` with the sink: o_i over the keys ``allowed`` (bool,
-    broadcastable to (B, H, Nq, Nk)) that are also real (``key_padding`` (B, Nk), True = real, or None)."""
-    # b: batch, h: heads, i: queries, j: keys, d: head dim
-    if key_padding is not None:
-        allowed = allowed & rearrange(key_padding, "b j -> b 1 1 j")
-    scores = einsum(q * scale, k, "b h i d, b h j d -> b h i j")
-    return einsum(sink_softmax(scores, allowed, sinks), v, "b h i j, b h j d -> b h i d")
 
 
 def sink_sdpa(

@@ -55,7 +55,6 @@ from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import PatternState, pattern_decoding_step
 from attention_zoo.masks import MaskMod, masked_attention
 from attention_zoo.registry import register_attention
-from attention_zoo.sinks import sink_attention
 from attention_zoo.sparse import flex as flex
 from attention_zoo.sparse.band import band_attention
 from attention_zoo.sparse.band_and_tiles import band_and_tiled_attention
@@ -131,9 +130,7 @@ class PatternAttention(
             return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale, self.sinks)
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
-            if self.sinks is not None:
-                return sink_attention(q, k, v, allowed, mask, self.sinks, self.scale)
-            return masked_attention(q, k, v, allowed, mask, self.scale)
+            return masked_attention(q, k, v, allowed, mask, self.scale, self.sinks)
         band = self.pattern.banded(causal)
         if band is not None:
             rest = _cached(self._layouts, key, lambda: self.pattern.rest_tiles(*key))
