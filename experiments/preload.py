@@ -90,20 +90,25 @@ def _forkserver() -> multiprocessing.context.BaseContext:
     return _context
 
 
-def _zoo(args: list[str], log: str, env: dict[str, str], threads: int) -> None:
-    """The run's process: its own session, its environment, its log as stdout and stderr, then ``zoo``."""
-    os.setsid()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning stops cleanly on KeyboardInterrupt
-    os.environ.clear()
-    os.environ.update(env)
+def output_to(log: str) -> None:
+    """This forked process's stdout and stderr appended to the file ``log`` (created if need be), line-buffered."""
     descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.dup2(descriptor, 1)
     os.dup2(descriptor, 2)
     os.close(descriptor)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (fd 1 outlives the run's code)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (fd 1 outlives the process's code)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _zoo(args: list[str], log: str, env: dict[str, str], threads: int) -> None:
+    """The run's process: its own session, its environment, its log as stdout and stderr, then ``zoo``."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Lightning stops cleanly on KeyboardInterrupt
+    os.environ.clear()
+    os.environ.update(env)
+    output_to(log)
     sys.argv = ["zoo", *args]
 
     import torch

@@ -107,10 +107,7 @@ def _forked_worker(job: dict[str, Any], *, threads: int, timeout_s: float) -> di
 
 def _worker(job: dict[str, Any], threads: int, send: Connection, log: str) -> None:
     """The forked worker: its output to ``log``, ``threads`` torch threads, the job's result to ``send``."""
-    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT, 0o644)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    os.close(descriptor)
+    preload.output_to(log)
     os.environ |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     import torch
 
