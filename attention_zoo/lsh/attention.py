@@ -37,9 +37,12 @@ length. The keys query i sums over in round r, A_i^(r), are exactly:
 
 Complexity: time O(B H n_hashes N (2m d + n_buckets d / 2)) plus a sort per round; memory O(B H n_hashes N 2m):
 the probabilities of each round's windows, kept for the custom backward (:mod:`attention_zoo.lsh.chunked`).
+``impl="flex"`` (CUDA's default): the same key sets in one FlexAttention call (:mod:`attention_zoo.lsh.flex`).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +51,13 @@ from torch import Tensor
 
 from attention_zoo import packing
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
+from attention_zoo.lsh import flex
 from attention_zoo.lsh.chunked import LSHFunction
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
+from attention_zoo.sparse import flex as sparse_flex
+
+Impl = Literal["auto", "chunked", "flex"]
 
 
 class LSHDecodingState(DecodingState):
@@ -94,12 +101,18 @@ class LSHAttention(
         n_buckets: int | None = None,
         chunk_size: int | None = None,
         seed: int = 0,
+        impl: Impl = "auto",
     ) -> None:
         """``n_hashes`` rounds; ``bucket_size`` or ``n_buckets`` (1 or even), not both (default: bucket_size
         64); ``chunk_size`` m (default: bucket_size, else the paper's rule, :meth:`chunk_and_buckets`); ``seed``
         of the rotations. ``n_buckets=1`` skips hashing: with chunk_size >= N that is full shared-QK attention
-        with the self-mask, the reference the tests check the chunking against."""
+        with the self-mask, the reference the tests check the chunking against. ``impl`` (same output):
+        ``"chunked"`` (:mod:`attention_zoo.lsh.chunked`, trainable everywhere), ``"flex"``
+        (:mod:`attention_zoo.lsh.flex`, one FlexAttention call; on the CPU forward only), ``"auto"`` (default:
+        flex on CUDA where FlexAttention takes the dtype and head dim, chunked elsewhere)."""
         super().__init__(geometry)
+        if impl == "flex":
+            sparse_flex.check_flex_dim_head(self.dim_head, fallback="chunked")
         if bucket_size is not None and n_buckets is not None:
             raise ValueError(f"give bucket_size or n_buckets, not both (got {bucket_size} and {n_buckets})")
         if n_buckets is None and bucket_size is None:
@@ -114,6 +127,8 @@ class LSHAttention(
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.n_hashes, self.bucket_size, self.n_buckets_option, self.seed = n_hashes, bucket_size, n_buckets, seed
         self.chunk_size = bucket_size if chunk_size is None else chunk_size
+        self.impl = impl
+        self._rotations: dict[tuple[int, int, torch.device, torch.dtype], Tensor] = {}
         for option, value in (("bucket_size", bucket_size), ("n_buckets", n_buckets), ("chunk_size", chunk_size)):
             if value is not None:  # sizes a length bounds (n_buckets: at most one per position)
                 self.bound_by_length(option, value, default=1 if option == "n_buckets" else 64)
@@ -143,10 +158,15 @@ class LSHAttention(
     def rotations(self, n_buckets: int, device: torch.device, dtype: torch.dtype) -> Tensor:
         """R of Sec. 2, ``(H, n_hashes, d, n_buckets / 2)``: a function of (seed, n_buckets) only, drawn in
         float64 from a CPU generator and then cast, never depending on the batch, dtype or call. The paper
-        redraws them per step; fixed rotations keep evaluation reproducible (a new ``seed`` gives new ones)."""
-        generator = torch.Generator().manual_seed(self.seed)
-        shape = (self.heads, self.n_hashes, self.dim_head, n_buckets // 2)
-        return torch.randn(shape, generator=generator, dtype=torch.float64).to(device=device, dtype=dtype)
+        redraws them per step; fixed rotations keep evaluation reproducible (a new ``seed`` gives new ones). Kept
+        per (seed, n_buckets, device, dtype): a copy to an accelerator each call would synchronise with the host."""
+        key = (self.seed, n_buckets, torch.device(device), dtype)
+        if key not in self._rotations:
+            generator = torch.Generator().manual_seed(self.seed)
+            shape = (self.heads, self.n_hashes, self.dim_head, n_buckets // 2)
+            drawn = torch.randn(shape, generator=generator, dtype=torch.float64)
+            self._rotations[key] = drawn.to(device=device, dtype=dtype)
+        return self._rotations[key]
 
     def buckets(self, q: Tensor, real: Tensor, n_buckets: int) -> Tensor:
         """h^(r)(q_i) = argmax([q_i R; -q_i R]), ``(B, H, n_hashes, N)``; padded tokens get ``n_buckets``."""
@@ -161,21 +181,35 @@ class LSHAttention(
             ids = torch.where(top >= -bottom, top_id, bottom_id + n_buckets // 2)
         return ids.masked_fill(~rearrange(real, "b n -> b 1 1 n"), n_buckets)
 
+    def resolved_impl(self, q: Tensor) -> str:
+        """The implementation a call with these queries runs: ``impl``, or for ``"auto"`` flex on CUDA where
+        FlexAttention takes the dtype and head dim, else chunked."""
+        if self.impl != "auto":
+            return self.impl
+        return "flex" if q.is_cuda and sparse_flex.flex_refusal(q) is None else "chunked"
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         # b: batch, h: heads, n: positions (padded to a multiple of m), d: head dim
         b, h, n, _ = q.shape
-        dtype = q.dtype
+        dtype, impl = q.dtype, self.resolved_impl(q)
+        if impl == "flex":
+            sparse_flex.check_flex_inputs(q, k, v, fallback="chunked")
         m, n_buckets = self.chunk_and_buckets(n, causal)
         pad = -(-n // m) * m - n
         compute = compute_dtype(q.dtype)
         q = q if mask is None else zero_padded(q, mask)  # padded queries' rows must stay finite for backward
-        q, k, v = (F.pad(t.to(compute), (0, 0, 0, pad)) if pad else t.to(compute) for t in (q, k, v))
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) if pad else t for t in (q, k, v))
         real = torch.ones(b, n, dtype=torch.bool, device=q.device) if mask is None else mask
         real = F.pad(real, (0, pad), value=False)
+        # the hash and the unit keys in at least float32 on either path; FlexAttention runs in the input dtype
+        hashed, keys = q.to(compute), F.normalize(k.to(compute), dim=-1)
         with torch.no_grad():
-            order, place, lo, hi = sorted_windows(self.buckets(q, real, n_buckets), n_buckets, m, causal)
+            order, place, lo, hi = sorted_windows(self.buckets(hashed, real, n_buckets), n_buckets, m, causal)
+        if impl == "flex":
+            out = flex.flex_lsh_attention(q, keys.to(dtype), v, order, place, lo, hi, real, m)
+            return out[:, :, :n].to(dtype)
         rows = "b h ... -> (b h) ..."
-        inputs = (q, F.normalize(k, dim=-1), v, order, place, lo, hi)
+        inputs = (hashed, keys, v.to(compute), order, place, lo, hi)
         out = LSHFunction.apply(*(rearrange(t, rows) for t in inputs), repeat(real, "b n -> (b h) n", h=h), m)
         return rearrange(out, "(b h) n d -> b h n d", b=b)[:, :, :n].to(dtype)
 

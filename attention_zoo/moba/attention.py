@@ -23,13 +23,14 @@ Defaults ``block_size=512, top_k=2``: the paper's scaling-law setting (block 512
 8K context), the shortest context the paper trains; its 1M-token Llama-8B setting is block 4096, top-k 12. At
 n <= block_size MoBA is full attention.
 
-Implementation (:meth:`MixtureOfBlockAttention.attend`): the gate in chunks of queries, then exact attention
-over the selected blocks by the block-level kernel of :mod:`attention_zoo.moba.tiled` (each key block read once
-against every query that selected it; :mod:`attention_zoo.moba.flash` on the CPU); ``impl="dense"`` forms the
+Implementation (:meth:`MixtureOfBlockAttention.attend`): the gate in chunks of queries, then exact attention over
+the selected blocks by the block-level kernel of :mod:`attention_zoo.moba.tiled` (each key block read once against
+every query that selected it; :mod:`attention_zoo.moba.flash` on the CPU), or on CUDA by one FlexAttention call
+over the (query, block) pairs sorted by block (:mod:`attention_zoo.moba.block_mask`); ``impl="dense"`` forms the
 same selection as an (N, N) mask instead. Cost per head: gate 2 N n d (n = N / B blocks: quadratic, but B-fold
-below full attention's); attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k), plus the
-kernels' fixed-size chunks. Decoding (:class:`BlockCache`): O((N / B) d) for the gate and O((top_k + 1) B d)
-for the attention per step; for inference only.
+below full attention's); attention 4 N (top_k + 1) B d (linear in N); memory O(N d + N top_k), plus the kernels'
+fixed-size chunks. Decoding (:class:`BlockCache`): O((N / B) d) for the gate and O((top_k + 1) B d) for the
+attention per step; for inference only.
 
 Limits: the selection is discontinuous, so float32 and float64 (or a decoding step and the forward) can
 pick different blocks at a near-tie of two gate scores (ties have probability zero on continuous
@@ -50,9 +51,11 @@ from attention_zoo import chunking
 from attention_zoo.core import AttentionCore, DecodingState, Geometry
 from attention_zoo.decoding.cache import BlockState, grown
 from attention_zoo.masks import masked_attention
+from attention_zoo.moba.block_mask import moba_flex_attention
 from attention_zoo.moba.tiled import moba_attention
 from attention_zoo.precision import compute_dtype
 from attention_zoo.registry import register_attention
+from attention_zoo.sparse import flex
 from attention_zoo.sparse.tiled import TileGroup, tiled_attention
 
 #: gate scores computed at once on the CPU (a chunk of queries against every block), about 1 MB in float32;
@@ -60,6 +63,7 @@ from attention_zoo.sparse.tiled import TileGroup, tiled_attention
 _GATE_SCORES = 1 << 18
 #: the largest query tile; smaller tiles are used when fewer queries route to each block
 _MAX_TILE = 64
+Impl = Literal["auto", "tiled", "dense", "flex"]
 
 
 @register_attention("moba")
@@ -82,20 +86,30 @@ class MixtureOfBlockAttention(
         "self-attention only; the selection passes no gradient"
     )
 
-    def __init__(
-        self, geometry: Geometry, *, block_size: int = 512, top_k: int = 2, impl: Literal["tiled", "dense"] = "tiled"
-    ) -> None:
+    def __init__(self, geometry: Geometry, *, block_size: int = 512, top_k: int = 2, impl: Impl = "auto") -> None:
         """``block_size`` B: keys per block (>= 1); ``top_k``: gated blocks per query besides its own (>= 0;
         0 = attention inside blocks only). Defaults: the paper's block 512, top-k 3 (own block included).
-        ``impl``: ``"tiled"`` (default) the block-level kernel of :mod:`attention_zoo.moba.tiled`,
-        O(N (top_k + 1) B) per head;
+        ``impl``: ``"auto"`` (default) ``"flex"`` on CUDA where FlexAttention takes the inputs (float32,
+        bfloat16 or float16, head dim >= 16), ``"tiled"`` elsewhere; ``"flex"`` one FlexAttention call over the
+        (query, block) pairs sorted by block (:mod:`attention_zoo.moba.block_mask`), without host
+        synchronisation; on the CPU forward only (torch's eager fallback, O(N^2)); ``"tiled"`` the block-level
+        kernel of :mod:`attention_zoo.moba.tiled`, O(N (top_k + 1) B) per head;
         ``"dense"`` the (N, N) mask of the same selection and a masked softmax, O(N^2): the same output, and
         faster at short lengths, where the tiled kernel's per-call layout costs more than the scores it skips."""
         super().__init__(geometry)
         self.bound_by_length("block_size", block_size)
         if top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (gated blocks besides the own block), got {top_k}")
+        if impl == "flex":
+            flex.check_flex_dim_head(self.dim_head, fallback="tiled")
         self.block_size, self.top_k, self.impl = block_size, top_k, impl
+
+    def resolved_impl(self, q: Tensor) -> str:
+        """The implementation a call with these queries runs: ``impl``, or for ``"auto"`` flex on CUDA where
+        FlexAttention takes the dtype and head dim, else tiled."""
+        if self.impl != "auto":
+            return self.impl
+        return "flex" if q.is_cuda and flex.flex_refusal(q) is None else "tiled"
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
         """(1) The gate, s for every (query, block) in chunks of queries (a fixed number of scores per chunk, set
@@ -108,10 +122,13 @@ class MixtureOfBlockAttention(
         key-block-major too), an online softmax across a query's blocks and recomputation in the backward. The
         query lists of the sequences batched on one key block are padded to the longest; the causal own block
         computes 5/8 of its scores (in slabs of rows; only their diagonal squares are masked). The dense (N, N)
-        score matrix is never formed, except with ``impl="dense"``."""
+        score matrix is never formed, except with ``impl="dense"``. With ``impl="flex"`` (``"auto"``'s choice on
+        CUDA) step (2) is one FlexAttention call (:mod:`attention_zoo.moba.block_mask`)."""
         # b: batch, h: heads, n: positions (padded to whole blocks), g: block, j: position in a block, d: head dim
-        n, c = q.shape[-2], self.block_size
-        real = mask
+        n, c, impl = q.shape[-2], self.block_size, self.resolved_impl(q)
+        if impl == "flex":
+            flex.check_flex_inputs(q, k, v, fallback="tiled")
+        unpadded, real = (q, k, v), mask
         if n % c:  # complete the last block with slots that hold no token
             present = torch.ones(q.shape[0], n, dtype=torch.bool, device=q.device) if mask is None else mask
             real = F.pad(present, (0, -n % c), value=False)
@@ -124,7 +141,9 @@ class MixtureOfBlockAttention(
             counts = reduce(real.to(work), "b (g j) -> b g", "sum", j=c)
         selected = self.select_blocks(q, sums, counts, offset=0, causal=causal)
         selected[:, :, n:, 1:] = -1  # the completing slots gate nothing in (rank 0 keeps every row in the kernel)
-        if self.impl == "dense":
+        if impl == "flex":
+            return moba_flex_attention(*unpadded, selected[:, :, :n], mask, c, causal, self.scale)
+        if impl == "dense":
             return dense_routed_attention(q, k, v, selected, real, c, causal, self.scale)[:, :, :n]
         return moba_attention(q, k, v, selected, real, c, causal, self.scale)[:, :, :n]
 

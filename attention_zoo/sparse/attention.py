@@ -21,9 +21,9 @@ tiles and decoding rule); ``"sparse"`` makes the one its ``pattern`` option name
 Every implementation (option ``impl``) equals full attention restricted to the pattern:
 - ``"auto"`` (default): ``"flex"`` when the inputs are on CUDA (in float32, bfloat16 or float16, head dim
   >= 16), ``"blocked"`` otherwise: each device gets the fastest path that can also train there.
-- ``"flex"``: :mod:`attention_zoo.sparse.flex`, FlexAttention with a block mask from the same mask function,
-  cached; on CUDA a compiled kernel that skips the tiles the pattern leaves empty. On the CPU only torch's
-  eager fallback runs (dense, forward only): training with it there is refused in favour of ``"blocked"``.
+- ``"flex"``: :mod:`attention_zoo.sparse.flex`, FlexAttention with cached block masks from the same mask function; on
+  CUDA a compiled kernel that skips empty tiles (BigBird at tiles of its block; strided, fixed: two calls, merged). On
+  the CPU torch's eager fallback runs (dense, forward only): training there is refused in favour of ``"blocked"``.
 - ``"blocked"``: tiles of queries against only the keys they touch, O(n K) time and memory, trainable on CPU:
   a band of keys per query (``local``) by :mod:`attention_zoo.sparse.band`, a band plus other keys
   (``longformer``, ``strided``) by :mod:`attention_zoo.sparse.band_and_tiles`, the other patterns by
@@ -48,7 +48,6 @@ from typing import ClassVar, Literal, TypeVar
 import torch
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask
 
 from attention_zoo import packing
 from attention_zoo.core import AttentionCore, DecodingState, Geometry
@@ -97,7 +96,7 @@ class PatternAttention(
         self.pattern = pattern
         self.impl = impl
         self._layouts: dict[tuple[int, bool, torch.device], tuple[TileGroup, ...]] = {}
-        self._block_masks: dict[tuple[int, bool, torch.device], BlockMask] = {}
+        self._block_masks: dict[tuple[int, bool, torch.device], tuple[flex.FlexCall, ...]] = {}
         self.register_parameter("sinks", nn.Parameter(torch.zeros(self.heads)) if sink_logit else None)
 
     def mask_mod(self, n: int, causal: bool, device: torch.device | str | None = None) -> MaskMod:
@@ -124,10 +123,10 @@ class PatternAttention(
         n, impl, key = q.shape[-2], self.resolved_impl(q), (q.shape[-2], causal, q.device)
         if impl == "flex":
             flex.check_flex_inputs(q, k, v)
-            block_mask = _cached(
-                self._block_masks, key, lambda: flex.build_block_mask(self.mask_mod(*key), n, q.device)
+            calls = _cached(
+                self._block_masks, key, lambda: flex.plan_flex_calls(self.pattern.flex_parts(*key), n, q.device)
             )
-            return flex.flex_pattern_attention(q, k, v, block_mask, mask, self.scale, self.sinks)
+            return flex.flex_parts_attention(q, k, v, calls, mask, self.scale, self.sinks)
         if impl == "dense":
             allowed = rearrange(dense_mask(self.mask_mod(*key), n, q.device), "i j -> 1 1 i j")
             return masked_attention(q, k, v, allowed, mask, self.scale, self.sinks)

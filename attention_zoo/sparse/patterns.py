@@ -35,6 +35,7 @@ from torch import Tensor
 
 from attention_zoo.masks import MaskMod
 from attention_zoo.sparse.band import Band
+from attention_zoo.sparse.flex import DEFAULT_TILE, MIN_AUTOTUNED_TILE, FlexPart, at_positions
 from attention_zoo.sparse.mask_mods import (
     GlobalPlacement,
     bigbird_global_spans,
@@ -106,6 +107,11 @@ class SparsePattern:
         pattern that is exactly a band)."""
         return ()
 
+    def flex_parts(self, n: int, causal: bool, device: torch.device) -> tuple[FlexPart, ...]:
+        """The FlexAttention calls of the pattern over ``n`` positions (:mod:`attention_zoo.sparse.flex`): one call
+        on 128 x 128 tiles in position order, unless the pattern's tiles are sparser otherwise."""
+        return (FlexPart(self.mask_mod(n, causal, device)),)
+
     def length_bounds(self) -> list[tuple[str, int, int, int]]:
         """(option, value, default, keys per position) of each size along the sequence."""
         return [
@@ -161,6 +167,19 @@ class StridedPattern(SparsePattern):
         columns = with_causal(generate_strided_columns(self.stride), causal)
         return residue_layout(columns, n, self.stride, _RESIDUE_TILE, device)
 
+    def flex_parts(self, n: int, causal: bool, device: torch.device) -> tuple[FlexPart, ...]:
+        # in position order the columns touch every tile; in residue order, positions sorted by (i mod l, i div l),
+        # they pair only positions of one residue: blocks of about n / l on the diagonal. The window stays in
+        # position order, a band; the two parts are disjoint
+        stride = self.stride
+        window = FlexPart(with_causal(generate_sliding_window(2 * stride), causal))
+        if n <= 2 * stride:  # no column lies beyond the window
+            return (window,)
+        positions = torch.arange(n, device=device)
+        order = torch.argsort(positions % stride * n + positions)
+        columns = at_positions(with_causal(generate_strided_columns(stride), causal), order, order)
+        return window, FlexPart(columns, queries=order, keys=order)
+
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         # query i sees the earlier keys with (i - j) mod l = 0, and later queries cover every residue
         return torch.ones_like(positions, dtype=torch.bool)
@@ -180,6 +199,24 @@ class FixedPattern(SparsePattern):
 
     def tile_rows(self) -> int:
         return _aligned_tile(self.stride)
+
+    def flex_parts(self, n: int, causal: bool, device: torch.device) -> tuple[FlexPart, ...]:
+        # the summary columns lie in every block, so in position order every tile row touches every tile; gathered
+        # (c ceil(n / l) keys) they are a narrow call of their own, the own block another, disjoint from it
+        stride, summary = self.stride, self.summary_columns
+        own_block = FlexPart(with_causal(generate_blockwise(stride), causal))
+        blocks = -(-n // stride)
+        if blocks == 1:  # the one block holds every summary column
+            return (own_block,)
+        starts = stride * torch.arange(blocks, device=device)[:, None]
+        columns = (starts + torch.arange(stride - summary, stride, device=device)).flatten()
+        columns = columns[: (blocks - 1) * summary + max(0, n - (blocks - 1) * stride - (stride - summary))]  # < n
+
+        def other_blocks(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return q_idx // stride != kv_idx // stride
+
+        rule = at_positions(with_causal(other_blocks, causal), None, columns)
+        return own_block, FlexPart(rule, keys=columns)
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         # the current block and the summary columns of the earlier ones
@@ -275,6 +312,14 @@ class BigBirdPattern(SparsePattern):
 
     def tile_rows(self) -> int:
         return _aligned_tile(self.block_size)
+
+    def flex_parts(self, n: int, causal: bool, device: torch.device) -> tuple[FlexPart, ...]:
+        # every rule is on blocks of b: at tiles of b the block mask is as sparse as the blocks (at 128 a tile row
+        # of two 64-blocks holds both blocks' random draws). Tiles of 64 are the smallest torch's CUDA kernels take,
+        # and a multiple of 128 already fits the blocks at the default tile
+        b = self.block_size
+        fits = b % MIN_AUTOTUNED_TILE == 0 and b % DEFAULT_TILE != 0
+        return (FlexPart(self.mask_mod(n, causal, device), tile=(b, b) if fits else (DEFAULT_TILE, DEFAULT_TILE)),)
 
     def still_reachable(self, positions: Tensor, n: int) -> Tensor:
         # with random blocks a later query block may draw any earlier middle block; without, everything

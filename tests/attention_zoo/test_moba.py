@@ -226,8 +226,10 @@ def test_options_are_checked():
         make(0, 2)
     with pytest.raises(ValueError, match="top_k must be an int >= 0"):
         make(4, -1)
-    with pytest.raises(ValueError, match=re.escape("option impl='flex' is not a valid 'tiled' | 'dense'")):
-        make(4, 2, impl="flex")
+    with pytest.raises(
+        ValueError, match=re.escape("option impl='sparse' is not a valid 'auto' | 'tiled' | 'dense' | 'flex'")
+    ):
+        make(4, 2, impl="sparse")
 
 
 def test_memory_grows_linearly_not_as_n_squared():
