@@ -47,9 +47,12 @@ Per head (one of B*H), n = sequence length, d = head width:
   and min(w, i + 1) window keys. The selection scores are the compressed branch's probabilities (the paper's eq. 8),
   not counted again; the compression MLP and the gates are not counted.
 
-A mechanism without a formula here (``sparse`` and ``bigbird`` among them, whose random and
-pattern-dependent pair counts are not worked out) (or a causal case its formula does not cover) gets ``None``,
-shown as "n/a": no guessing.
+- ``sparse`` (strided, fixed, blockwise, longformer patterns) and ``bigbird`` (window, global and random blocks):
+  4 d per allowed (query, key) pair, the pairs counted from the pattern's own mask function over the whole
+  (n, n) grid, in slabs of rows (exact for every pattern, BigBird's seeded random blocks included).
+
+A mechanism without a formula here (or a causal case its formula does not cover) gets ``None``, shown as "n/a":
+no guessing.
 
 The ``seq2seq`` level (encoder-decoder, teacher forcing or greedy decoding) has no formula: n/a.
 
@@ -62,7 +65,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import cache
 from typing import Any
+
+import torch
 
 import attention_zoo as az
 from attention_zoo.linformer.attention import default_k
@@ -207,6 +213,33 @@ def _nsa(options: dict[str, Any], n: int, d: int, causal: bool) -> float | None:
         pairs += (min(count, t // select + 1) - 1) * select + t % select + 1  # selected blocks, the own one causal
         pairs += min(window, t + 1)
     return 4 * d * pairs
+
+
+#: query rows of the (n, n) grid a pattern's mask function is evaluated on at once
+_PAIR_SLAB = 1024
+
+
+@cache
+def pattern_pairs(attention: str, options: tuple[tuple[str, Any], ...], n: int, causal: bool) -> int:
+    """Allowed (query, key) pairs of a pattern core (``options`` as sorted items) over n positions."""
+    from attention_zoo.core import Geometry
+
+    core = az.get_attention_class(attention)(Geometry(dim_head=16, heads=1, max_seq_len=n), **dict(options))
+    rule, keys, zero = core.mask_mod(n, causal), torch.arange(n), torch.zeros((), dtype=torch.long)
+    return sum(
+        int(rule(zero, zero, rows[:, None], keys[None, :]).expand(len(rows), n).sum())
+        for rows in torch.arange(n).split(_PAIR_SLAB)
+    )
+
+
+@formula("sparse")
+def _sparse(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return 4 * d * pattern_pairs("sparse", tuple(sorted(options.items())), n, causal)
+
+
+@formula("bigbird")
+def _bigbird(options: dict[str, Any], n: int, d: int, causal: bool) -> float:
+    return 4 * d * pattern_pairs("bigbird", tuple(sorted(options.items())), n, causal)
 
 
 def resolved_options(attention: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,8 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
 ROW_FIELDS: dict[str, tuple[str, ...]] = {
     "step": ("step", "status", "seconds", "detail"),
     "target": ("target", "attention", "met"),
+    "speed": ("target", "attention", "seq_len", "met"),
+    "sdpa_kernel": ("seq_len", "operators"),
     "measure": ("grid", "label", "mode", "seq_len", "status"),
     "compare": ("summary_md",),
     "lra": ("task", "run", "ok", "reason"),
@@ -58,6 +60,37 @@ def crossovers(rows: list[dict[str, Any]], grid: str, baseline: str = FLASH) -> 
         speedup = flash[longest] / by_n[longest] if longest else None
         out.append([label, mode, crossing if crossing is not None else f"none up to {longest}", longest, speedup])
     return out
+
+
+def _speed_section(rows: list[dict[str, Any]]) -> list[str]:
+    """The ``speed`` step's verdicts (:mod:`experiments.gpu.speed`) and the SDPA kernel ``full`` (auto) ran."""
+    verdicts = [r for r in rows if r.get("kind") == "speed"]
+    kernels = [r for r in rows if r.get("kind") == "sdpa_kernel"]
+    if not verdicts and not kernels:
+        return []
+    lines = ["", "## Each mechanism at the speed of its mechanism (against full (auto) in the same process)", ""]
+    for kernel in kernels:
+        operators = ", ".join(kernel["operators"]) or "none found"
+        lines += [f"full (auto) at n = {kernel['seq_len']} runs: {operators}", ""]
+    lines += _table(
+        ["mechanism", "options", "n", "ms", "full ms", "speedup", "x floor (I/O)", "host syncs", "target", "met"],
+        [
+            [
+                v["attention"],
+                v.get("options"),
+                v["seq_len"],
+                v.get("time_ms"),
+                v.get("full_ms"),
+                v.get("speedup"),
+                v.get("of_floor"),
+                v.get("host_syncs"),
+                v["target"],
+                {True: "yes", False: "NO", None: v.get("detail")}[v["met"]],
+            ]
+            for v in verdicts
+        ],  # fmt: skip
+    )
+    return lines
 
 
 def write(out: Path, env: dict[str, Any], rows: list[dict[str, Any]], smoke: bool) -> None:
@@ -91,9 +124,10 @@ def write(out: Path, env: dict[str, Any], rows: list[dict[str, Any]], smoke: boo
                 for v in verdicts
             ],  # fmt: skip
         )
+    lines += _speed_section(rows)
     for compare in (r for r in rows if r.get("kind") == "compare"):
         lines += ["", "## Compare (zoo compare, default task, one seed)", "", compare["summary_md"]]
-    measured = [r for r in rows if r.get("kind") == "measure" and r.get("grid") != "targets"]
+    measured = [r for r in rows if r.get("kind") == "measure" and r.get("grid") not in ("targets", "speed")]
     by_grid: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in measured:
         by_grid[row["grid"]].append(row)
@@ -188,5 +222,5 @@ def rebuild(out: Path, note: Callable[[str], None] = print) -> None:
             ) from None
         if not isinstance(env, dict):
             raise ValueError(f"{env_path}: expected a JSON object {{...}}, got {type(env).__name__}")
-    smoke = any(r.get("smoke") for r in rows if r.get("kind") == "target")
+    smoke = any(r.get("smoke") for r in rows if r.get("kind") in ("target", "speed"))
     write(out, env, rows, smoke)

@@ -7,15 +7,19 @@ skipped step never loses the others' results:
 
 1. ``environment``: device, driver, CUDA, torch, triton and xformers versions, SM count, and the two
    ceilings measured in the run: a bf16 matrix product's rate and a device-to-device copy's bandwidth.
-2. ``targets``: the GPU targets (:mod:`experiments.gpu.targets`), each against SDPA-flash in this process.
-3. ``conformance``: ``tests/attention_zoo/test_device_conformance.py`` and
+2. ``speed``: each mechanism at the speed of its mechanism (:mod:`experiments.gpu.speed`): the ``cuda``-marked
+   tests and the device conformance suite on the cores with new GPU paths, then every core against ``full``
+   (``auto``) at n = 8192 and 16384, its multiple of its floor, MoBA's host synchronisations and the SDPA
+   kernel of ``full``; run alone (``--steps environment,speed --budget-min 6``) it fits six minutes.
+3. ``targets``: the GPU targets (:mod:`experiments.gpu.targets`), each against SDPA-flash in this process.
+4. ``conformance``: ``tests/attention_zoo/test_device_conformance.py`` and
    ``tests/attention_zoo/test_sparse_flex.py`` with ``ZOO_TEST_DEVICE=cuda`` (every mechanism in fp32, bf16
    and fp16 against float64), then every test marked ``cuda``.
-4. ``compare``: ``zoo compare`` on the embedded default task, one seed, on the GPU: training, throughput
+5. ``compare``: ``zoo compare`` on the embedded default task, one seed, on the GPU: training, throughput
    and peak memory (``max_memory_allocated``) as its runs log them.
-5. ``grids``: :mod:`experiments.gpu.grids` (per-mechanism floors, Nystromformer-table crossovers against
+6. ``grids``: :mod:`experiments.gpu.grids` (per-mechanism floors, Nystromformer-table crossovers against
    flash, Linformer Table 3), each length only while the budget lasts.
-6. ``lra``, only when named (``--steps lra``, best alone): the next batch of the reference-scale Long Range Arena
+7. ``lra``, only when named (``--steps lra``, best alone): the next batch of the reference-scale Long Range Arena
    suite, several runs at once (:mod:`experiments.gpu.lra`); it adds ``lra.tar.gz`` and ``lra-resume.tar.gz``.
 
 What comes back is at most 7 files, flat under ``--out``: ``report.md``, ``results.jsonl`` (one line per
@@ -53,17 +57,19 @@ from typing import Any
 
 import torch
 
-from experiments.gpu import environment, grids, report, targets
+from experiments.gpu import environment, grids, report, speed, targets
 from experiments.gpu.measure import RAW_SDPA_FLASH, Workload, measure
 from experiments.subcommands import ZooArgumentParser
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the steps of a run without --steps, in their order
-STEPS = ("environment", "targets", "conformance", "compare", "grids")
+STEPS = ("environment", "speed", "targets", "conformance", "compare", "grids")
 #: every step, in its order: lra spans many GPU windows and runs only when named
 ALL_STEPS = (*STEPS, "lra")
 #: the largest share of the whole budget one subprocess step may take
-STEP_SHARE = {"conformance": 0.35, "compare": 0.3}
+STEP_SHARE = {"conformance": 0.35, "compare": 0.3, "speed": 0.75}
+#: the share of the ``speed`` step's time its tests may take; the timings get the rest
+SPEED_TESTS_SHARE = 0.45
 CONFORMANCE_FILES = ("tests/attention_zoo/test_device_conformance.py", "tests/attention_zoo/test_sparse_flex.py")
 SMOKE_CONFORMANCE = ("-k", "float32 and (full or local)")
 SMOKE_COMPARE_ARGS = [
@@ -151,6 +157,32 @@ class Suite:
         row = {"kind": "measure", "grid": grid} | row
         self.record(row)
         return row
+
+    def speed(self, allotted: float) -> str:
+        deadline = time.monotonic() + allotted
+        env = os.environ | {"ZOO_TEST_DEVICE": self.device, "PYTHONPATH": _pythonpath()}
+        selection = "float32 and moba" if self.smoke else speed.CONFORMANCE_SELECTION
+        runs = [[CONFORMANCE_FILES[0], "-k", selection]]
+        if not self.smoke:
+            runs.insert(0, ["-m", "cuda", *_files_with_cuda_tests()])
+        tests_until = time.monotonic() + SPEED_TESTS_SHARE * allotted
+        outcomes = []
+        with open(self.out / "pytest.log", "a") as log:
+            for args in runs:
+                options = ["-q" if self.smoke else "-v", "-rfE", "--durations=10", "-p", "no:cacheprovider"]
+                command = [sys.executable, "-m", "pytest", *options, *args]
+                outcomes.append(_run_logged(command, env, log, tests_until - time.monotonic(), self.work))
+        met, measured = speed.run(
+            lambda workload: self._measure(workload, "speed"), self.record, self.base, self.smoke, self.env,
+            lambda: min(self.budget.remaining(), deadline - time.monotonic()),
+        )  # fmt: skip
+        total = len(speed.SPEED_CORES) * len(speed.MIN_SPEEDUP)
+        detail = "; ".join([text for _, text in outcomes] + [f"{met} of {measured} speed targets met"])
+        detail += " (smoke sizes: not a claim)" * self.smoke
+        _raise_unless_ok([status for status, _ in outcomes], detail)
+        if measured < total:
+            raise StepCut(f"{detail}; {total - measured} of {total} left out by the budget")
+        return detail
 
     def targets(self, allotted: float) -> str:
         met = []

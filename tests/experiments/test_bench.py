@@ -446,6 +446,25 @@ def test_flops_formulas():
     assert case_flops(sparse) == 4 * 8 * ((0 + 1 + 1 + 2 + 2 + 3 + 3 + 4) + 32 + 21)
 
 
+def test_pattern_flops_count_the_papers_pairs():
+    # Child et al.'s strided pattern, by its definition: |i - j| <= l or (i - j) mod l = 0 (causal: and j <= i)
+    n, stride = 50, 6
+    for causal in (False, True):
+        pairs = sum(
+            1
+            for i in range(n)
+            for j in range(n)
+            if (abs(i - j) <= stride or (i - j) % stride == 0) and (j <= i or not causal)
+        )
+        case = core_case("sparse", n=n, batch=2, heads=3, dim_head=8, causal=causal, mode="fwd",
+                         options={"pattern": "strided", "stride": stride})  # fmt: skip
+        assert case_flops(case) == 2 * 3 * 4 * 8 * pairs
+    # BigBird: at least its window and global blocks, at most every pair
+    bigbird = core_case("bigbird", n=64, batch=1, heads=1, dim_head=8, mode="fwd",
+                        options={"block_size": 4, "random_blocks": 1})  # fmt: skip
+    assert 4 * 8 * 64 * 3 * 4 < case_flops(bigbird) < 4 * 8 * 64 * 64
+
+
 def test_window_pair_count_matches_the_dense_pattern():
     patterns = pytest.importorskip("attention_zoo.sparse.mask_mods")
     i, j = torch.arange(40)[:, None], torch.arange(40)[None]

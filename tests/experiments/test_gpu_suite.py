@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import attention_zoo as az
-from experiments.gpu import report, suite, targets
+from experiments.gpu import report, speed, suite, targets
 from experiments.gpu.measure import RAW_SDPA, RAW_SDPA_FLASH, Workload
 
 #: what a remote GPU run can hand back
@@ -56,6 +56,19 @@ def test_smoke_measures_every_target_and_every_registered_mechanism(smoke):
 
 
 @pytest.mark.slow
+def test_smoke_times_every_speed_core_at_both_lengths_against_full(smoke):
+    _, out = smoke
+    rows = rows_of(out)
+    verdicts = [r for r in rows if r["kind"] == "speed"]
+    names = [core.spec.name for core in speed.SPEED_CORES]
+    assert [v["attention"] for v in verdicts] == names * 2
+    assert all(v["full_ms"] > 0 and v["speedup"] > 0 and v["met"] in (True, False) for v in verdicts)
+    assert {v["attention"] for v in verdicts if v.get("of_floor") is not None} == set(names)  # every one has FLOPs
+    assert [r["operators"] for r in rows if r["kind"] == "sdpa_kernel"] != [[]]
+    assert "## Each mechanism at the speed of its mechanism" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_smoke_runs_the_conformance_subset_and_a_comparison(smoke):
     _, out = smoke
     log = (out / "pytest.log").read_text()
@@ -95,6 +108,24 @@ def test_target_verdicts():
     assert not targets.evaluate(lsh, {"status": "ok", "time_ms": 100.5, "seq_len": 8}, reference)["met"]
     oom = targets.evaluate(lsh, {"status": "oom", "label": "lsh", "detail": "x"}, reference)
     assert oom["met"] is None and "oom" in oom["detail"]
+
+
+def test_speed_verdicts():
+    full = {"status": "ok", "time_ms": 10.0}
+    row = {"status": "ok", "attention": "moba", "seq_len": 8192, "time_ms": 9.0}
+    assert speed.verdict(row, full, 1.0, floor_ms=2.5)["met"]  # faster, 3.6x its floor
+    assert not speed.verdict(row, full, 1.0, floor_ms=2.0)["met"]  # 4.5x its floor
+    assert speed.verdict(row | {"attention": "local"}, full, 1.0, floor_ms=1.0)["met"]  # no floor target for local
+    assert not speed.verdict(row | {"seq_len": 16384}, full, 2.0, floor_ms=None)["met"]  # 1.1x < 2x
+    assert speed.verdict(row | {"seq_len": 16384, "time_ms": 5.0}, full, 2.0, floor_ms=None)["met"]
+    failed = speed.verdict({"status": "oom", "attention": "lsh", "seq_len": 8192, "label": "lsh"}, full, 1.0, None)
+    assert failed["met"] is None and "oom" in failed["detail"]
+    # the floor counts the inputs and outputs only: fwd+bwd reads q, k, v, out, dout and writes dq, dk, dv...
+    work = Workload(az.AttentionSpec("full"), 1024, batch=1, heads=1, dim_head=64, device="cpu")
+    memory_ms = 12 * 1024 * 64 * 2 / 1e9 * 1e3  # bf16, 1 GB/s
+    compute_ms = 3 * 4 * 1024**2 * 64 / 1e12 * 1e3  # 1 TFLOP/s
+    assert speed.io_floor_ms(work, 1.0, 1.0) == pytest.approx(max(memory_ms, compute_ms))
+    assert speed.io_floor_ms(work, None, 1.0) is None
 
 
 def test_crossover_is_the_length_from_which_a_mechanism_stays_faster():
