@@ -35,6 +35,8 @@ Accuracy: the error falls with m and is near round-off only at m = n, where the 
 (A~ = S is ill-conditioned). The exact pseudo-inverse is *not* a better approximation: with near-singular A~
 (close landmarks) it amplifies the mismatch between F~, A~ and B~, where the truncated iteration acts as a
 regularised inverse. ``"exact"`` is a reference, not a setting to train.
+
+``impl="compiled"`` (CUDA's default) runs the same function, :func:`nystrom_attention`, as one torch.compile'd graph.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ from functools import partial
 from typing import ClassVar, Literal
 
 import torch
+import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor, nn
 
-from attention_zoo import chunking
+from attention_zoo import chunking, compiled
 from attention_zoo.core import AttentionCore, Geometry, recomputed_gradients
 from attention_zoo.masks import masked_softmax
 from attention_zoo.precision import full_precision
@@ -191,12 +194,18 @@ class NystromAttention(
         pinv_iterations: int = PAPER_PINV_ITERATIONS,
         pinv: PinvMethod = "iterative",
         conv_kernel_size: int | None = None,
+        impl: compiled.Impl = "auto",
     ) -> None:
         """``num_landmarks``: m in (N1); ``pinv_iterations``: steps of (N4) (``pinv="iterative"`` only; the
         paper uses 6); ``pinv``: ``"iterative"`` (N4)-(N5) or ``"exact"`` (``torch.linalg.pinv``);
         ``conv_kernel_size``: odd kernel of the paper's depthwise convolution skip on V (kernel 33 in its
-        experiments), along the sequence, one filter per head, V's padded tokens zeroed first; None: off."""
+        experiments), along the sequence, one filter per head, V's padded tokens zeroed first; None: off;
+        ``impl``: ``"eager"`` (the reference: blocked products with a hand-written backward, what the CPU runs),
+        ``"compiled"`` (the same math as one torch.compile'd function, :func:`nystrom_attention`; no second-order
+        gradients), ``"auto"`` (the default: compiled on CUDA from ``compiled.AUTO_MIN_LENGTH`` positions on, else
+        eager)."""
         super().__init__(geometry)
+        compiled.check_impl(impl)
         self.bound_by_length("num_landmarks", num_landmarks)
         if pinv_iterations < 1:
             raise ValueError(f"pinv_iterations must be >= 1, got {pinv_iterations}")
@@ -212,6 +221,7 @@ class NystromAttention(
         self.num_landmarks = num_landmarks
         self.pinv_iterations = pinv_iterations
         self.pinv = pinv
+        self.impl = impl
         self.conv = None
         if conv_kernel_size is not None:
             h = self.heads
@@ -225,41 +235,69 @@ class NystromAttention(
         )
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None, causal: bool) -> Tensor:
-        # b: batch, h: heads, n: positions, i/j: landmarks, d: head dim
-        with full_precision(q) as work:
-            q_land, k_land, present = self.landmarks(q, k, mask, work)
-            keys = None if mask is None else rearrange(mask, "b n -> b 1 1 n")
-            landmarks = None if present is None else rearrange(present, "b j -> b 1 1 j")
-            # the 1/sqrt(d) goes on the m x d landmarks, never on an n x d or n x m tensor
-            bv = SoftmaxProduct.apply((q_land * self.scale).to(q.dtype), k, v, keys)  # B~ V
-            a = masked_softmax(einsum(q_land * self.scale, k_land, "b h i d, b h j d -> b h i j"), landmarks)
-            if present is not None:  # empty landmarks: zero rows, and an identity block that F~ never reads
-                a = a * rearrange(present, "b i -> b 1 i 1") + torch.diag_embed(rearrange(~present, "b i -> b 1 i"))
-            z = iterative_pinv(a, self.pinv_iterations) if self.pinv == "iterative" else exact_pinv(a)
-            out = SoftmaxProduct.apply(q.to(work), k_land * self.scale, z @ bv.to(work), landmarks)  # F~ (A~^+ B~ V)
-            out = out.to(q.dtype)
-        if self.conv is not None:
-            out = out + self.conv(v if mask is None else v * rearrange(mask, "b n -> b 1 n 1"))
-        return out
+        weight = None if self.conv is None else self.conv.weight
+        options = {"num_landmarks": self.num_landmarks, "pinv_iterations": self.pinv_iterations, "pinv": self.pinv}
+        if compiled.resolved(self.impl, q) == "eager":
+            return nystrom_attention(q, k, v, mask, weight, **options, fused=False)
+        return compiled.compiled(nystrom_attention, **options, fused=True)(q, k, v, mask, weight)
 
     def landmarks(
         self, q: Tensor, k: Tensor, mask: Tensor | None, work: torch.dtype
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Segment means (N1) of q and k, ``(B, H, m, D)`` in ``work`` precision (A~ is ill-conditioned: means
-        rounded to bf16 move the output by several times bf16's unit roundoff), and which segments hold a real
-        token (``None``: all of them)."""
-        n, m = q.shape[-2], self.num_landmarks
-        if mask is None and n % m == 0:
-            # sum, then divide the small result: einops' "mean" makes autograd write a permuted n x d gradient
-            # and copy it again
-            means = [rearrange(t, "b h (j l) d -> b h j l d", j=m).sum(3, dtype=work) * (m / n) for t in (q, k)]
-            return means[0], means[1], None
-        segment, counts = segment_layout(mask, n, m, q.device)
-        index = rearrange(segment, "b n -> b 1 n 1").expand(q.shape[0], q.shape[1], n, q.shape[3])
-        sizes = rearrange(counts.clamp(min=1), "b j -> b 1 j 1")
-        means = [
-            t.new_zeros(*t.shape[:2], m + 1, t.shape[3], dtype=work).scatter_add(2, index, t.to(work))[:, :, :m] / sizes
-            for t in (q, k)
-        ]
-        present = counts > 0
-        return means[0], means[1], None if bool(present.all()) else present
+        """The eager path's :func:`segment_means` of q and k."""
+        return segment_means(q, k, mask, self.num_landmarks, work, fused=False)
+
+
+def nystrom_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, conv_weight: Tensor | None, *, num_landmarks: int,
+    pinv_iterations: int, pinv: PinvMethod, fused: bool,
+) -> Tensor:  # fmt: skip
+    """(N1)-(N5) and the convolution skip (``conv_weight`` (H, 1, kernel, 1), or None) for q, k, v (B, H, N, D) and
+    ``mask`` (B, N) or None: the one function of both implementations of :class:`NystromAttention`. ``fused``
+    False (``impl="eager"``): the softmax products by :class:`SoftmaxProduct`, and the landmark mask left out when
+    every landmark holds a real token; True (``impl="compiled"``, traced whole by torch.compile): the products as
+    autograd expressions, which Inductor fuses and differentiates, and no host synchronisation."""
+    # b: batch, h: heads, n: positions, i/j: landmarks, d: head dim
+    scale = q.shape[-1] ** -0.5
+    product = softmax_product if fused else SoftmaxProduct.apply
+    with full_precision(q) as work:
+        q_land, k_land, present = segment_means(q, k, mask, num_landmarks, work, fused=fused)
+        keys = None if mask is None else rearrange(mask, "b n -> b 1 1 n")
+        landmarks = None if present is None else rearrange(present, "b j -> b 1 1 j")
+        # the 1/sqrt(d) goes on the m x d landmarks, never on an n x d or n x m tensor
+        bv = product((q_land * scale).to(q.dtype), k, v, keys)  # B~ V
+        a = masked_softmax(einsum(q_land * scale, k_land, "b h i d, b h j d -> b h i j"), landmarks)
+        if present is not None:  # empty landmarks: zero rows, and an identity block that F~ never reads
+            a = a * rearrange(present, "b i -> b 1 i 1") + torch.diag_embed(rearrange(~present, "b i -> b 1 i"))
+        z = iterative_pinv(a, pinv_iterations) if pinv == "iterative" else exact_pinv(a)
+        out = product(q.to(work), k_land * scale, z @ bv.to(work), landmarks)  # F~ (A~^+ B~ V)
+        out = out.to(q.dtype)
+    if conv_weight is not None:
+        heads, kernel = conv_weight.shape[0], conv_weight.shape[-2]
+        skip = v if mask is None else v * rearrange(mask, "b n -> b 1 n 1")
+        out = out + F.conv2d(skip, conv_weight, padding=(kernel // 2, 0), groups=heads)
+    return out
+
+
+def segment_means(
+    q: Tensor, k: Tensor, mask: Tensor | None, m: int, work: torch.dtype, *, fused: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Segment means (N1) of q and k, ``(B, H, m, D)`` in ``work`` precision (A~ is ill-conditioned: means
+    rounded to bf16 move the output by several times bf16's unit roundoff), and which segments hold a real
+    token (``None``: all of them; ``fused``: a tensor whenever there is a mask, since asking whether all are
+    occupied is a host synchronisation)."""
+    n = q.shape[-2]
+    if mask is None and n % m == 0:
+        # sum, then divide the small result: einops' "mean" makes autograd write a permuted n x d gradient
+        # and copy it again
+        means = [rearrange(t, "b h (j l) d -> b h j l d", j=m).sum(3, dtype=work) * (m / n) for t in (q, k)]
+        return means[0], means[1], None
+    segment, counts = segment_layout(mask, n, m, q.device)
+    index = rearrange(segment, "b n -> b 1 n 1").expand(q.shape[0], q.shape[1], n, q.shape[3])
+    sizes = rearrange(counts.clamp(min=1), "b j -> b 1 j 1")
+    means = [
+        t.new_zeros(*t.shape[:2], m + 1, t.shape[3], dtype=work).scatter_add(2, index, t.to(work))[:, :, :m] / sizes
+        for t in (q, k)
+    ]
+    present = counts > 0
+    return means[0], means[1], present if fused or not bool(present.all()) else None
