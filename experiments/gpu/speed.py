@@ -17,8 +17,9 @@ counts, :mod:`experiments.bench.flops`). Host synchronisation: one forward+backw
 ``torch.cuda.set_sync_debug_mode("error")``, which raises at the first synchronising CUDA call. The step also
 records which SDPA kernel ``full`` (``auto``) runs on the device (the ATen operator of one profiled call).
 
-Before the timings the step runs the tests only a GPU can run: every ``cuda``-marked test and the device
-conformance suite restricted to the cores with new GPU paths (:data:`CONFORMANCE_SELECTION`).
+Before the timings the step runs every ``cuda``-marked test, those of the GPU paths first (:data:`PATH_TESTS`: at
+the sizes where the paths engage, d >= 16 and n >= 1024, which the device conformance suite's tiny shapes do not
+reach), for at most a set share of the step's time (the suite's ``SPEED_TESTS_SHARE``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ MIN_SPEEDUP = {8192: 1.0, 16384: 2.0}
 FLOOR_CORES, FLOOR_MULTIPLE, FLOOR_SEQ_LEN = ("moba", "lsh", "nystrom", "performer"), 4.0, 8192
 #: the cores whose forward and backward must not synchronise with the host
 SYNC_FREE = ("moba",)
-#: ``pytest -k`` for the device conformance suite: the cores whose CUDA defaults are the new paths
-CONFORMANCE_SELECTION = "moba or lsh or nystrom or performer or bigbird or sparse"
+#: the CUDA tests of the GPU paths (forward and backward against float64 or the eager path, host syncs), run first
+PATH_TESTS = (
+    "tests/attention_zoo/test_moba_flex.py",
+    "tests/attention_zoo/test_lsh_flex.py",
+    "tests/attention_zoo/test_compiled.py",
+    "tests/attention_zoo/test_sparse_flex.py",
+)
+
+
+def cuda_test_order(files: list[str]) -> list[str]:
+    """``files`` (each with ``cuda``-marked tests) with :data:`PATH_TESTS` first, so a run cut by its budget has
+    checked the new paths."""
+    return [f for f in PATH_TESTS if f in files] + [f for f in files if f not in PATH_TESTS]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ skipped step never loses the others' results:
 1. ``environment``: device, driver, CUDA, torch, triton and xformers versions, SM count, and the two
    ceilings measured in the run: a bf16 matrix product's rate and a device-to-device copy's bandwidth.
 2. ``speed``: each mechanism at the speed of its mechanism (:mod:`experiments.gpu.speed`): the ``cuda``-marked
-   tests and the device conformance suite on the cores with new GPU paths, then every core against ``full``
+   tests, the GPU paths' first, then every core against ``full``
    (``auto``) at n = 8192 and 16384, its multiple of its floor, MoBA's host synchronisations and the SDPA
    kernel of ``full``; run alone (``--steps environment,speed --budget-min 6``) it fits six minutes.
 3. ``targets``: the GPU targets (:mod:`experiments.gpu.targets`), each against SDPA-flash in this process.
@@ -161,17 +161,14 @@ class Suite:
     def speed(self, allotted: float) -> str:
         deadline = time.monotonic() + allotted
         env = os.environ | {"ZOO_TEST_DEVICE": self.device, "PYTHONPATH": _pythonpath()}
-        selection = "float32 and moba" if self.smoke else speed.CONFORMANCE_SELECTION
-        runs = [[CONFORMANCE_FILES[0], "-k", selection]]
-        if not self.smoke:
-            runs.insert(0, ["-m", "cuda", *_files_with_cuda_tests()])
-        tests_until = time.monotonic() + SPEED_TESTS_SHARE * allotted
-        outcomes = []
+        if self.smoke:  # the GPU paths' CPU tests stand in for their CUDA ones
+            args = [*speed.PATH_TESTS[:2], "-k", "auto"]
+        else:
+            args = ["-m", "cuda", *speed.cuda_test_order(_files_with_cuda_tests())]
         with open(self.out / "pytest.log", "a") as log:
-            for args in runs:
-                options = ["-q" if self.smoke else "-v", "-rfE", "--durations=10", "-p", "no:cacheprovider"]
-                command = [sys.executable, "-m", "pytest", *options, *args]
-                outcomes.append(_run_logged(command, env, log, tests_until - time.monotonic(), self.work))
+            options = ["-q" if self.smoke else "-v", "-rfE", "--durations=10", "-p", "no:cacheprovider"]
+            command = [sys.executable, "-m", "pytest", *options, *args]
+            outcomes = [_run_logged(command, env, log, SPEED_TESTS_SHARE * allotted, self.work)]
         met, measured = speed.run(
             lambda workload: self._measure(workload, "speed"), self.record, self.base, self.smoke, self.env,
             lambda: min(self.budget.remaining(), deadline - time.monotonic()),

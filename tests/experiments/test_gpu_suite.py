@@ -128,6 +128,13 @@ def test_speed_verdicts():
     assert speed.io_floor_ms(work, None, 1.0) is None
 
 
+def test_the_gpu_paths_cuda_tests_run_first():
+    files = suite._files_with_cuda_tests()
+    ordered = speed.cuda_test_order(files)
+    assert sorted(ordered) == sorted(files) and ordered[: len(speed.PATH_TESTS)] == list(speed.PATH_TESTS)
+    assert all("mark.cuda" in (suite.ROOT / f).read_text() for f in speed.PATH_TESTS)
+
+
 def test_crossover_is_the_length_from_which_a_mechanism_stays_faster():
     def row(label: str, n: int, ms: float) -> dict:
         return {"kind": "measure", "grid": "g", "status": "ok", "label": label, "mode": "fwd", "seq_len": n,
