@@ -21,6 +21,7 @@ per distinct document length with no padding at all, exact for every batch-indep
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,9 @@ def check_segments(segments: object, n: int, batch: int, *, name: str, mask: Ten
         )
     if device is not None and segments.device != device:
         raise ValueError(f"{name}: segments are on {segments.device}, the inputs on {device}; put them on one device")
+    checked = _CheckedSegments.of(segments, mask, n)
+    if checked is not None and any(earlier.same(checked) for earlier in _checked):
+        return segments
     bounds = segments.tolist()
     for row, edges in enumerate(bounds):
         if edges[0] != 0:
@@ -76,7 +80,46 @@ def check_segments(segments: object, n: int, batch: int, *, name: str, mask: Ten
                 + ("inside a document but masked out" if inside else "after the last document but marked real")
                 + f" (documents cover positions 0 .. {bounds[row][-1] - 1})"
             )
+    if checked is not None:
+        _checked.append(checked)
+        del _checked[:-_CHECKED_KEPT]
     return segments
+
+
+@dataclass(frozen=True, eq=False)
+class _CheckedSegments:
+    """Boundaries found valid for rows of ``n`` positions (and ``mask``): the same tensor objects at the same
+    versions (an in-place write bumps a tensor's version). A model passes one boundary tensor to the core of every
+    layer, and each check reads it back to the host, which on an accelerator is a synchronisation per layer."""
+
+    segments: weakref.ref
+    version: int
+    n: int
+    mask: weakref.ref | None
+    mask_version: int | None
+
+    @staticmethod
+    def of(segments: Tensor, mask: Tensor | None, n: int) -> _CheckedSegments | None:
+        """None for a tensor without a version counter (made under ``torch.inference_mode``): checked every time."""
+        if segments.is_inference() or (mask is not None and mask.is_inference()):
+            return None
+        masked = (None, None) if mask is None else (weakref.ref(mask), mask._version)
+        return _CheckedSegments(weakref.ref(segments), segments._version, n, *masked)
+
+    def same(self, other: _CheckedSegments) -> bool:
+        """The same live tensors at the same versions, for the same n (identity, never the values)."""
+        if (self.version, self.n, self.mask_version) != (other.version, other.n, other.mask_version):
+            return False
+        if self.segments() is None or self.segments() is not other.segments():
+            return False
+        if self.mask is None or other.mask is None:
+            return self.mask is other.mask
+        return self.mask() is not None and self.mask() is other.mask()
+
+
+#: how many boundary tensors found valid are remembered (a model's self- and cross-attention use two or three)
+_CHECKED_KEPT = 8
+_checked: list[_CheckedSegments] = []
 
 
 def document_ids(segments: Tensor, n: int) -> Tensor:

@@ -23,6 +23,12 @@ import attention_zoo as az
 from attention_zoo.masks import pad_mask
 from attention_zoo.moba import block_mask as moba_flex
 from attention_zoo.sparse import flex
+from tests.attention_zoo.test_sparse_flex import (
+    CUDA_TOLERANCE,
+    assert_flex_matches_float64,
+    cuda_inputs,
+    relative_error,
+)
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -257,12 +263,7 @@ def test_flex_refuses_head_dims_below_16():
 
 # --- CUDA: the compiled kernel ------------------------------------------------------------------------------
 
-CUDA_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 2e-2, torch.float16: 5e-3}
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def relative_error(x: Tensor, ref: Tensor) -> float:
-    return float((x.double() - ref).norm() / ref.norm())
 
 
 @pytest.mark.cuda
@@ -273,10 +274,6 @@ def relative_error(x: Tensor, ref: Tensor) -> float:
 def test_flex_matches_float64_dense_on_cuda(dtype, n, causal):
     """Blocks of 128, top-4 (the grid's defaults); n = 1000 is not a multiple of a block or a tile. The float64
     reference is given the flex run's selection (a gate in float32 and one in float64 may part at a near-tie)."""
-    torch.manual_seed(0)
-    q, k, v, grad = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for _ in range(4))
-    mask = pad_mask(torch.tensor([n, n - 100]), n).cuda()
-    mask[1, :300] = False  # left padding wider than a block: the first causal queries see no key
     cores = {impl: az.create_attention("moba", dim_head=64, heads=4, block_size=128, top_k=4, impl=impl)
              for impl in ("flex", "dense")}  # fmt: skip
     gate, selections = cores["flex"].select_blocks, []
@@ -287,20 +284,7 @@ def test_flex_matches_float64_dense_on_cuda(dtype, n, causal):
 
     cores["flex"].select_blocks = recorded
     cores["dense"].select_blocks = lambda *args, **kwargs: selections[0]
-    runs = {}
-    for impl, run_dtype in (("flex", dtype), ("dense", torch.float64)):
-        leaves = [t.to(run_dtype).requires_grad_(True) for t in (q, k, v)]
-        core = cores[impl]
-        out = core(*leaves, mask=mask, causal=causal)
-        out.backward(grad.to(run_dtype))
-        runs[impl] = [out.detach()] + [t.grad for t in leaves]
-    for what, x, ref in zip(("out", "dq", "dk", "dv"), runs["flex"], runs["dense"], strict=True):
-        assert x.dtype == dtype and torch.isfinite(x).all(), what
-        error = relative_error(x, ref)
-        print(f"moba n={n} {dtype} causal={causal} {what}: relative error {error:.2e}")
-        assert error <= CUDA_TOLERANCE[dtype], f"{what}: relative error {error:.2e}"
-    if causal:
-        assert torch.equal(runs["flex"][0][1, :, :300], torch.zeros_like(runs["flex"][0][1, :, :300]))
+    assert_flex_matches_float64(cores, cuda_inputs(n), causal, dtype, f"moba n={n}")
 
 
 @pytest.mark.cuda

@@ -165,6 +165,35 @@ def test_a_mask_that_disagrees_with_the_segments_is_refused():
         core(q, k, v, segments=segments, mask=after)
 
 
+def test_boundaries_are_read_back_once_per_tensor_and_again_after_a_write(monkeypatch):
+    """A model passes one boundary tensor to every layer's core; reading it back to the host (a synchronisation on
+    an accelerator) happens once, and again for a new mask, another tensor or after an in-place write."""
+    core = build("full", {})
+    q, k, v = qkv(core, 2, N)
+    segments = segments_from_lengths([[5, 7], [40]], N)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    first = core(q, k, v, segments=segments)
+    for _ in range(3):  # the other layers
+        torch.testing.assert_close(core(q, k, v, segments=segments), first, **EXACT)
+    assert reads.count(segments.shape) == 1
+    mask = torch.arange(N)[None, :] < segments[:, -1:]
+    core(q, k, v, segments=segments, mask=mask)
+    assert reads.count(segments.shape) == 2  # checked against the mask
+    core(q, k, v, segments=segments.clone())
+    assert reads.count(segments.shape) == 3  # another tensor of the same values: identity, not values
+    segments[1, -1] = 41  # past the row: caught, though the tensor was valid before
+    with pytest.raises(ValueError, match="row 1 ends at 41, past the row's 40 positions"):
+        core(q, k, v, segments=segments)
+    assert reads.count(segments.shape) == 4
+    with torch.inference_mode():  # no version counter: checked every call
+        frozen = segments_from_lengths([[5, 7], [40]], N)
+        core(q, k, v, segments=frozen)
+        core(q, k, v, segments=frozen)
+    assert reads.count(frozen.shape) == 6
+
+
 def test_cross_attention_needs_the_keys_boundaries_with_as_many_documents():
     core = build("full", {})
     q, _, _ = qkv(core, 1, 16)

@@ -313,30 +313,45 @@ def relative_error(x: Tensor, ref: Tensor) -> float:
     return float((x.double() - ref).norm() / ref.norm())
 
 
+def cuda_inputs(n: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """q, k, v, an output gradient (2, 4, n, 64) in float64 on CUDA, and a mask: row 1 padded 100 on the right and
+    300 on the left, wider than a window or a block, so its first causal queries see no key."""
+    torch.manual_seed(0)
+    q, k, v, grad = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for _ in range(4))
+    mask = pad_mask(torch.tensor([n, n - 100]), n).cuda()
+    mask[1, :300] = False
+    return q, k, v, grad, mask
+
+
+def assert_flex_matches_float64(cores: dict[str, az.AttentionCore], inputs: tuple[Tensor, ...], causal: bool,
+                                dtype: torch.dtype, label: str) -> None:  # fmt: skip
+    """``cores["flex"]`` in ``dtype`` against ``cores["dense"]`` in float64, forward and backward on
+    :func:`cuda_inputs`: out, dq, dk, dv finite and within ``CUDA_TOLERANCE[dtype]``; causal, the queries that see
+    no key exactly 0."""
+    *qkv, grad, mask = inputs
+    runs = {}
+    for impl, run_dtype in (("flex", dtype), ("dense", torch.float64)):
+        leaves = [t.to(run_dtype).requires_grad_(True) for t in qkv]
+        out = cores[impl](*leaves, mask=mask, causal=causal)
+        out.backward(grad.to(run_dtype))
+        runs[impl] = [out.detach()] + [t.grad for t in leaves]
+    for what, x, ref in zip(("out", "dq", "dk", "dv"), runs["flex"], runs["dense"], strict=True):
+        assert x.dtype == dtype and torch.isfinite(x).all(), what
+        error = relative_error(x, ref)
+        print(f"{label} {dtype} causal={causal} {what}: relative error {error:.2e}")
+        assert error <= CUDA_TOLERANCE[dtype], f"{what}: relative error {error:.2e}"
+    if causal:
+        assert torch.equal(runs["flex"][0][1, :, :300], torch.zeros_like(runs["flex"][0][1, :, :300]))
+
+
 @pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize("n", [1024, 2048])
 @pytest.mark.parametrize("dtype", list(CUDA_TOLERANCE), ids=str)
 @pytest.mark.parametrize(("name", "options", "causal"), CUDA_CONFIGS, ids=[c[0] for c in CUDA_CONFIGS])
 def test_flex_matches_float64_dense_on_cuda(name, options, causal, dtype, n):
-    torch.manual_seed(0)
-    q, k, v, grad = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for _ in range(4))
-    mask = pad_mask(torch.tensor([n, n - 100]), n).cuda()
-    mask[1, :300] = False  # left padding wider than the window: the first causal queries see no key
-    runs = {}
-    for impl, run_dtype in (("flex", dtype), ("dense", torch.float64)):
-        leaves = [t.to(run_dtype).requires_grad_(True) for t in (q, k, v)]
-        core = az.create_attention(name, dim_head=64, heads=4, impl=impl, **options)
-        out = core(*leaves, mask=mask, causal=causal)
-        out.backward(grad.to(run_dtype))
-        runs[impl] = [out.detach()] + [t.grad for t in leaves]
-    for what, x, ref in zip(("out", "dq", "dk", "dv"), runs["flex"], runs["dense"], strict=True):
-        assert x.dtype == dtype and torch.isfinite(x).all(), what
-        error = relative_error(x, ref)
-        print(f"{name} n={n} {dtype} {what}: relative error {error:.2e}")
-        assert error <= CUDA_TOLERANCE[dtype], f"{what}: relative error {error:.2e}"
-    if causal:
-        assert torch.equal(runs["flex"][0][1, :, :300], torch.zeros_like(runs["flex"][0][1, :, :300]))
+    cores = {impl: az.create_attention(name, dim_head=64, heads=4, impl=impl, **options) for impl in ("flex", "dense")}
+    assert_flex_matches_float64(cores, cuda_inputs(n), causal, dtype, f"{name} n={n}")
 
 
 @pytest.mark.cuda
@@ -365,23 +380,8 @@ CUDA_SPLIT = [
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("name", "options"), CUDA_SPLIT, ids=[c[1].get("pattern", c[0]) for c in CUDA_SPLIT])
 def test_parts_match_float64_dense_on_cuda(name, options, causal):
-    n, dtype = 1000, torch.bfloat16  # n: a multiple of neither the tile nor the stride
-    torch.manual_seed(0)
-    q, k, v, grad = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.float64) for _ in range(4))
-    mask = pad_mask(torch.tensor([n, n - 100]), n).cuda()
-    mask[1, :300] = False
-    runs = {}
-    for impl, run_dtype in (("flex", dtype), ("dense", torch.float64)):
-        leaves = [t.to(run_dtype).requires_grad_(True) for t in (q, k, v)]
-        core = az.create_attention(name, dim_head=64, heads=4, impl=impl, **options)
-        out = core(*leaves, mask=mask, causal=causal)
-        out.backward(grad.to(run_dtype))
-        runs[impl] = [out.detach()] + [t.grad for t in leaves]
-        if impl == "flex":
-            (calls,) = core._block_masks.values()
-            assert len(calls) == (1 if name == "bigbird" else 2)
-    for what, x, ref in zip(("out", "dq", "dk", "dv"), runs["flex"], runs["dense"], strict=True):
-        assert x.dtype == dtype and torch.isfinite(x).all(), what
-        error = relative_error(x, ref)
-        print(f"{name} {options} causal={causal} {what}: relative error {error:.2e}")
-        assert error <= CUDA_TOLERANCE[dtype], f"{what}: relative error {error:.2e}"
+    n = 1000  # a multiple of neither the tile nor the stride
+    cores = {impl: az.create_attention(name, dim_head=64, heads=4, impl=impl, **options) for impl in ("flex", "dense")}
+    assert_flex_matches_float64(cores, cuda_inputs(n), causal, torch.bfloat16, f"{name} {options}")
+    (calls,) = cores["flex"]._block_masks.values()
+    assert len(calls) == (1 if name == "bigbird" else 2)
