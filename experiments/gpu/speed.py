@@ -10,6 +10,7 @@ bf16, fwd+bwd, B = 8, H = 8, d = 64, each core of :data:`SPEED_CORES` (the regis
 | MoBA, LSH, Nystrom, Performer, n = 8192 | within 4x of the floor |
 | MoBA | no host synchronisation in forward or backward |
 
+The paths these replaced as CUDA defaults (:data:`EARLIER_PATHS`) are timed last, at n = 8192, for comparison.
 The floor here is max(FLOPs / peak, bytes / bandwidth) with the bytes of the inputs and outputs only
 (:meth:`~experiments.gpu.measure.Workload.io_bytes`, fixed per shape), the peak and bandwidth measured by the
 ``environment`` step; every row reports its multiple of it (BigBird and the strided pattern through their pair
@@ -85,14 +86,29 @@ SPEED_CORES: tuple[SpeedCore, ...] = (
 )
 
 
-def pairs(base: Workload, smoke: bool) -> Iterator[tuple[Workload, Workload, float]]:
+#: the paths the GPU paths replaced as CUDA defaults, timed last at the shorter length for comparison (no target)
+EARLIER_PATHS: tuple[SpeedCore, ...] = (
+    SpeedCore(AttentionSpec("moba", {"block_size": 128, "top_k": 4, "impl": "tiled"}),
+              {"block_size": 16, "top_k": 2, "impl": "tiled"}),
+    SpeedCore(AttentionSpec("lsh", {"n_hashes": 4, "bucket_size": 64, "impl": "chunked"}),
+              {"n_hashes": 2, "bucket_size": 16, "impl": "chunked"}),
+    SpeedCore(AttentionSpec("nystrom", {"num_landmarks": 64, "impl": "eager"}), {"num_landmarks": 16, "impl": "eager"}),
+    SpeedCore(AttentionSpec("performer", {"nb_features": 256, "impl": "eager"}), {"nb_features": 32, "impl": "eager"}),
+)  # fmt: skip
+
+
+def pairs(base: Workload, smoke: bool) -> Iterator[tuple[Workload, Workload, float | None]]:
     """(full (auto), core, the least speedup) per core and length, the shorter length first (so a run cut by
-    its budget still has every core at n = 8192). Smoke: the base workload's length and twice it."""
+    its budget still has every core at n = 8192), then :data:`EARLIER_PATHS` at the shorter length (least None:
+    no target). Smoke: the base workload's length and twice it."""
     lengths = (base.seq_len, 2 * base.seq_len) if smoke else tuple(MIN_SPEEDUP)
     for n, least in zip(lengths, MIN_SPEEDUP.values(), strict=True):
         reference = dataclasses.replace(base, spec=FULL_AUTO, seq_len=n, mode="fwd+bwd")
         for core in SPEED_CORES:
             yield reference, dataclasses.replace(reference, spec=core.at(smoke)), least
+    reference = dataclasses.replace(base, spec=FULL_AUTO, seq_len=lengths[0], mode="fwd+bwd")
+    for core in EARLIER_PATHS:
+        yield reference, dataclasses.replace(reference, spec=core.at(smoke)), None
 
 
 def io_floor_ms(workload: Workload, peak_tflops: float | None, bandwidth_gbs: float | None) -> float | None:
@@ -104,24 +120,31 @@ def io_floor_ms(workload: Workload, peak_tflops: float | None, bandwidth_gbs: fl
     return max(work / (peak_tflops * 1e12), workload.io_bytes() / (bandwidth_gbs * 1e9)) * 1e3
 
 
-def verdict(row: dict[str, Any], reference: dict[str, Any], least: float, floor_ms: float | None) -> dict[str, Any]:
+def verdict(
+    row: dict[str, Any], reference: dict[str, Any], least: float | None, floor_ms: float | None
+) -> dict[str, Any]:
     """The speed row of a measured core: its speedup over ``full`` (auto) against ``least``, and for the
     :data:`FLOOR_CORES` at :data:`FLOOR_SEQ_LEN` its multiple of the floor against :data:`FLOOR_MULTIPLE`;
-    ``met`` is None when either run failed."""
+    ``met`` is None when either run failed or there is no target (``least`` None: an earlier path)."""
     out: dict[str, Any] = {"attention": row["attention"], "options": row.get("options"), "seq_len": row["seq_len"]}
     out |= {key: row.get(key) for key in ("dtype", "mode", "batch", "heads", "dim_head")}
-    out["target"] = f">= {least:g}x full (auto)" if least > 1 else "no slower than full (auto)"
+    if least is None:
+        out["target"] = "earlier path, for comparison"
+    else:
+        out["target"] = f">= {least:g}x full (auto)" if least > 1 else "no slower than full (auto)"
     if row.get("status") != "ok" or reference.get("status") != "ok":
         failed = row if row.get("status") != "ok" else reference
         return out | {"met": None, "detail": f"{failed.get('label')}: {failed.get('status')} {failed.get('detail')}"}
     speedup = reference["time_ms"] / row["time_ms"]
     out |= {"time_ms": row["time_ms"], "full_ms": reference["time_ms"], "speedup": speedup, "floor_ms": floor_ms}
-    met = speedup >= least
     if floor_ms is not None:
         out["of_floor"] = row["time_ms"] / floor_ms
-        if row["attention"] in FLOOR_CORES and row["seq_len"] == FLOOR_SEQ_LEN:
-            out["target"] += f"; <= {FLOOR_MULTIPLE:g}x its floor"
-            met = met and out["of_floor"] <= FLOOR_MULTIPLE
+    if least is None:
+        return out | {"met": None, "detail": "no target"}
+    met = speedup >= least
+    if floor_ms is not None and row["attention"] in FLOOR_CORES and row["seq_len"] == FLOOR_SEQ_LEN:
+        out["target"] += f"; <= {FLOOR_MULTIPLE:g}x its floor"
+        met = met and out["of_floor"] <= FLOOR_MULTIPLE
     return out | {"met": met}
 
 
@@ -169,7 +192,7 @@ def run(
     remaining: Callable[[], float],
 ) -> tuple[int, int]:
     """Measure every pair of :func:`pairs` while ``remaining()`` > 0, record each verdict (kind ``speed``), the
-    host-synchronisation check of :data:`SYNC_FREE` and the SDPA kernel; (met, measured)."""
+    host-synchronisation check of :data:`SYNC_FREE` and the SDPA kernel; (targets met, targets measured)."""
     reference = dataclasses.replace(base, spec=FULL_AUTO, seq_len=base.seq_len if smoke else FLOOR_SEQ_LEN)
     record({"kind": "sdpa_kernel", "seq_len": reference.seq_len, "operators": sdpa_operators(reference)})
     met = measured = 0
@@ -179,11 +202,11 @@ def run(
         full_row, row = measure(full_workload), measure(workload)
         floor = io_floor_ms(workload, env.get("peak_tflops"), env.get("copy_gbs"))
         speed = verdict(row, full_row, least, floor)
-        if workload.spec.name in SYNC_FREE and row.get("status") == "ok":
+        if least is not None and workload.spec.name in SYNC_FREE and row.get("status") == "ok":
             speed["host_syncs"] = host_synchronisations(workload)
             if speed["host_syncs"] not in (None, "none"):
                 speed["met"] = False
         record({"kind": "speed", "smoke": smoke} | speed)
-        measured += 1
+        measured += least is not None
         met += speed["met"] is True
     return met, measured

@@ -61,8 +61,10 @@ def test_smoke_times_every_speed_core_at_both_lengths_against_full(smoke):
     rows = rows_of(out)
     verdicts = [r for r in rows if r["kind"] == "speed"]
     names = [core.spec.name for core in speed.SPEED_CORES]
-    assert [v["attention"] for v in verdicts] == names * 2
-    assert all(v["full_ms"] > 0 and v["speedup"] > 0 and v["met"] in (True, False) for v in verdicts)
+    earlier = [core.spec.name for core in speed.EARLIER_PATHS]
+    assert [v["attention"] for v in verdicts] == names * 2 + earlier
+    assert all(v["full_ms"] > 0 and v["speedup"] > 0 for v in verdicts)
+    assert [v["met"] in (True, False) for v in verdicts] == [True] * 2 * len(names) + [False] * len(earlier)
     assert {v["attention"] for v in verdicts if v.get("of_floor") is not None} == set(names)  # every one has FLOPs
     assert [r["operators"] for r in rows if r["kind"] == "sdpa_kernel"] != [[]]
     assert "## Each mechanism at the speed of its mechanism" in (out / "report.md").read_text()
@@ -118,6 +120,7 @@ def test_speed_verdicts():
     assert speed.verdict(row | {"attention": "local"}, full, 1.0, floor_ms=1.0)["met"]  # no floor target for local
     assert not speed.verdict(row | {"seq_len": 16384}, full, 2.0, floor_ms=None)["met"]  # 1.1x < 2x
     assert speed.verdict(row | {"seq_len": 16384, "time_ms": 5.0}, full, 2.0, floor_ms=None)["met"]
+    assert speed.verdict(row | {"time_ms": 50.0}, full, None, floor_ms=2.5)["met"] is None  # an earlier path
     failed = speed.verdict({"status": "oom", "attention": "lsh", "seq_len": 8192, "label": "lsh"}, full, 1.0, None)
     assert failed["met"] is None and "oom" in failed["detail"]
     # the floor counts the inputs and outputs only: fwd+bwd reads q, k, v, out, dout and writes dq, dk, dv...
