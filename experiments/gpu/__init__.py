@@ -1,1 +1,1 @@
-"""``zoo gpu-suite``: the GPU harness (environment, targets, conformance, compare, grids) under a time budget."""
+"""``zoo gpu-suite``: the GPU harness (environment, speed, targets, conformance, compare, grids) under a time budget."""

@@ -1,6 +1,6 @@
 """``zoo gpu-suite``: everything a GPU machine must show, in one command, under a time budget.
 
-    zoo gpu-suite --out OUT [--budget-min 8] [--steps environment,targets,...] [--smoke]
+    zoo gpu-suite --out OUT [--budget-min 8] [--steps environment,speed,...] [--smoke]
 
 Steps, in the order of their value; each is timed and recorded with its status, and a failing, cut or
 skipped step never loses the others' results:

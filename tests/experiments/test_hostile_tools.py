@@ -176,7 +176,7 @@ def test_gpu_suite_refuses_an_out_a_budget_and_steps_it_cannot_use(tmp_path, cap
         one_error_line(capsys, "--budget-min must be a finite number of minutes > 0", budget)
     for steps in (",", " , "):
         assert suite.main(["--smoke", "--steps", steps, "--out", str(out)]) == 2
-        one_error_line(capsys, "names no step; choose from environment, targets")
+        one_error_line(capsys, "names no step; choose from environment, speed, targets")
     assert not out.exists()
 
 
