@@ -828,7 +828,8 @@ def test_band_profile_times_the_kernels_own_products_at_each_tile(tmp_path):
     shapes = sorted(tuple(product["shape"]) for product in case["products"].values())
     d = band_profile.DIM_HEAD
     assert shapes == sorted([(tiles, tile, d, slots), (tiles, tile, slots, d), (tiles, slots, tile, d)] * 2)
-    assert case["products_ms"] == pytest.approx(sum(p["ms"] for p in case["products"].values()), 1e-3)
+    rounding = 0.5e-4 * (len(case["products"]) + 1)  # the record rounds every value, the sum and its terms, to 4 places
+    assert case["products_ms"] == pytest.approx(sum(p["ms"] for p in case["products"].values()), abs=rounding)
     assert "aten::bmm" in case["profile"] and 0 < sum(case["profile"].values()) <= 1.0001
     with pytest.raises(SystemExit, match="--windows must be positive, got 0"):
         band_profile.main(["--windows", "0"])
