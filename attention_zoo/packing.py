@@ -225,27 +225,31 @@ class Documents:
         return Documents(rows, starts, lengths, key_starts, key_lengths)
 
 
-def _gather(t: Tensor, rows: list[int], starts: list[int], lengths: list[int], width: int) -> tuple[Tensor, Tensor]:
-    """Documents of ``t`` (B, H, N, D) as rows (len(rows), H, width, D) padded with zeros, and their (·, width) mask,
-    plus the flat index of each real position (for :func:`_scatter`)."""
-    n = t.shape[-2]
-    offsets = torch.arange(width, device=t.device)
-    first = torch.tensor([r * n + s for r, s in zip(rows, starts, strict=True)], dtype=torch.long, device=t.device)
-    real = offsets[None, :] < torch.tensor(lengths, dtype=torch.long, device=t.device)[:, None]
-    index = (first[:, None] + offsets[None, :]).masked_fill(~real, 0)
-    flat = rearrange(t, "b h n d -> (b n) h d")
-    docs = flat[index].masked_fill(~real[:, :, None, None], 0.0)
-    return rearrange(docs, "s n h d -> s h n d"), real, index
+def document_slots(rows: list[int], starts: list[int], lengths: list[int], width: int,
+                   device: torch.device) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The listed documents as rows of ``width`` slots, for :func:`gathered`: each one's packed row ``(S,)``, each
+    slot's position in it (0 where unused) and whether it is used ``(S, width)``."""
+    offsets = torch.arange(width, device=device)
+    real = offsets[None, :] < torch.tensor(lengths, dtype=torch.long, device=device)[:, None]
+    position = (torch.tensor(starts, dtype=torch.long, device=device)[:, None] + offsets).masked_fill(~real, 0)
+    return torch.tensor(rows, dtype=torch.long, device=device), position, real
 
 
-def _scatter(out: Tensor, real: Tensor, index: Tensor, like: Tensor) -> Tensor:
-    """Rows of documents ``out`` (S, H, width, D) written back to their packed positions in a zero tensor like
-    ``like`` (B, H, N, D)."""
-    b, h, n, d = like.shape
-    flat = like.new_zeros(b * n, h, d)
-    values = rearrange(out, "s h n d -> s n h d")[real]
-    flat = flat.index_copy(0, index[real], values)
-    return rearrange(flat, "(b n) h d -> b h n d", b=b)
+def gathered(t: Tensor, row: Tensor, position: Tensor, real: Tensor) -> Tensor:
+    """The pieces of ``t`` (B, H, N, D) at ``row``, ``position``, ``real`` (of :func:`document_slots`, or the kernel
+    family's pieces of documents), as (P, H, c, D) with unused slots 0 (whatever padding holds, NaN included, stays
+    out)."""
+    pieces = t[row[:, None], :, position].masked_fill(~rearrange(real, "p c -> p c 1 1"), 0.0)  # (p, c, h, d)
+    return rearrange(pieces, "p c h d -> p h c d")
+
+
+def scattered(pieces: Tensor, row: Tensor, position: Tensor, real: Tensor, shape: torch.Size) -> Tensor:
+    """The inverse of :func:`gathered`: pieces (P, H, c, D) at their positions of packed rows of ``shape``
+    (B, H, N, D), 0 at every position no piece covers (padding)."""
+    values = rearrange(pieces, "p h c d -> p c h d")[real]  # (positions, h, d)
+    b, h, n, d = shape
+    rows = row[:, None].expand_as(position)[real]
+    return rearrange(values.new_zeros(b, n, h, d).index_put((rows, position[real]), values), "b n h d -> b h n d")
 
 
 Attend = Callable[..., Tensor]
@@ -276,16 +280,15 @@ def _attend_documents(attend: Attend, q: Tensor, k: Tensor, v: Tensor, docs: Doc
                       causal: bool, padded: bool) -> Tensor:  # fmt: skip
     pick = lambda values: [values[i] for i in members]  # noqa: E731
     rows = pick(docs.rows)
-    q_docs, q_real, q_index = _gather(q, rows, pick(docs.starts), pick(docs.lengths), max(pick(docs.lengths)))
+    queries = document_slots(rows, pick(docs.starts), pick(docs.lengths), max(pick(docs.lengths)), q.device)
     key_lengths = pick(docs.key_lengths)
     width = max(key_lengths)
     if width == 0:
         return torch.zeros_like(q)
-    if k is q:
-        k_docs, k_real = q_docs, q_real
-    else:
-        k_docs, k_real, _ = _gather(k, rows, pick(docs.key_starts), key_lengths, width)
-    v_docs, _, _ = _gather(v, rows, pick(docs.key_starts), key_lengths, width)
+    keys = document_slots(rows, pick(docs.key_starts), key_lengths, width, q.device)
+    q_docs = gathered(q, *queries)
+    k_docs = q_docs if k is q else gathered(k, *keys)
+    k_real = keys[2]
     mask = k_real if padded and not bool(k_real.all()) else None
-    out = attend(q_docs, k_docs, v_docs, mask=mask, causal=causal)
-    return _scatter(out, q_real, q_index, q)
+    out = attend(q_docs, k_docs, gathered(v, *keys), mask=mask, causal=causal)
+    return scattered(out, *queries, q.shape)

@@ -52,6 +52,7 @@ from torch import Tensor
 from attention_zoo.core import AttentionCore, DecodingState, Geometry, zero_padded
 from attention_zoo.kernel.bidirectional import bidirectional
 from attention_zoo.kernel.products import LOW, CausalProduct, causal_scan, finite_or_zero, normalised
+from attention_zoo.packing import gathered, scattered
 from attention_zoo.precision import full_precision
 
 
@@ -230,22 +231,6 @@ def document_pieces(segments: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor
     real = offset < lengths[document, None]
     position = (starts[document, None] + offset).masked_fill(~real, 0)
     return document // documents, position, real, offset.masked_fill(~real, 0), document
-
-
-def gathered(t: Tensor, row: Tensor, position: Tensor, real: Tensor) -> Tensor:
-    """The pieces of ``t`` (B, H, N, D) at ``row``, ``position``, ``real`` of :func:`document_pieces`, as
-    (P, H, c, D) with unused slots 0 (whatever padding holds, NaN included, stays out)."""
-    pieces = t[row[:, None], :, position].masked_fill(~rearrange(real, "p c -> p c 1 1"), 0.0)  # (p, c, h, d)
-    return rearrange(pieces, "p c h d -> p h c d")
-
-
-def scattered(pieces: Tensor, row: Tensor, position: Tensor, real: Tensor, shape: torch.Size) -> Tensor:
-    """The inverse of :func:`gathered`: pieces (P, H, c, D) at their positions of packed rows of ``shape``
-    (B, H, N, D), 0 at every position no piece covers (padding)."""
-    values = rearrange(pieces, "p h c d -> p c h d")[real]  # (positions, h, d)
-    b, h, n, d = shape
-    rows = row[:, None].expand_as(position)[real]
-    return rearrange(values.new_zeros(b, n, h, d).index_put((rows, position[real]), values), "b n h d -> b h n d")
 
 
 def document_maxima(log_features: Tensor, document: Tensor, documents: int) -> Tensor:
